@@ -1,0 +1,66 @@
+// Package descriptors loads rate-limit rules in the YAML format of
+// envoyproxy/ratelimit and matches request descriptors against them.
+package descriptors
+
+import (
+	"fmt"
+	"time"
+)
+
+// Unit is the time unit of a rate limit, with the numbering of Envoy's
+// RateLimitResponse.RateLimit.Unit (note WEEK is 7, after YEAR).
+type Unit int32
+
+// Units, numbered as in envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit.
+const (
+	UnitUnknown Unit = 0
+	UnitSecond  Unit = 1
+	UnitMinute  Unit = 2
+	UnitHour    Unit = 3
+	UnitDay     Unit = 4
+	UnitMonth   Unit = 5
+	UnitYear    Unit = 6
+	UnitWeek    Unit = 7
+)
+
+// Duration returns the window length of one unit: month is 30 days and year
+// 365 days, as in envoyproxy/ratelimit.
+func (u Unit) Duration() time.Duration {
+	switch u {
+	case UnitSecond:
+		return time.Second
+	case UnitMinute:
+		return time.Minute
+	case UnitHour:
+		return time.Hour
+	case UnitDay:
+		return 24 * time.Hour
+	case UnitWeek:
+		return 7 * 24 * time.Hour
+	case UnitMonth:
+		return 30 * 24 * time.Hour
+	case UnitYear:
+		return 365 * 24 * time.Hour
+	}
+	return 0
+}
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// Error is a rule-file error with its position.
+type Error struct {
+	File   string
+	Line   int // 1-based; 0 when unknown
+	Reason string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s", e.File, e.Reason)
+}

@@ -1,0 +1,112 @@
+package descriptors
+
+import (
+	"time"
+)
+
+// Algorithm is the admission algorithm of a limit.
+type Algorithm string
+
+// Algorithms a rule may choose; the empty Algorithm means SlidingWindow.
+const (
+	SlidingWindow Algorithm = "sliding_window"
+	TokenBucket   Algorithm = "token_bucket"
+	FixedWindow   Algorithm = "fixed_window"
+)
+
+// Limit is one rate limit of a rule.
+type Limit struct {
+	// Name is the limit's name (rate_limit.name): the target of replaces,
+	// echoed in current_limit.name.
+	Name string
+	// RequestsPerUnit is the number of hits allowed per window; 0 bans.
+	RequestsPerUnit uint32
+	// Unit is the window unit reported to Envoy.
+	Unit Unit
+	// UnitMultiplier multiplies Unit into the window length (1 when unset).
+	UnitMultiplier uint32
+	// Length, when non-zero, is an explicit window length (YAML `window: 30s`)
+	// that overrides Unit × UnitMultiplier; Unit is then the largest unit
+	// that divides it, for reporting.
+	Length time.Duration
+	// Buckets is the number of buckets per window (0: the service default).
+	Buckets int
+	// Algorithm is the admission algorithm ("" means SlidingWindow).
+	Algorithm Algorithm
+}
+
+// Window returns the window length of the limit: Length if set, else
+// Unit × UnitMultiplier.
+func (l Limit) Window() time.Duration {
+	if l.Length > 0 {
+		return l.Length
+	}
+	m := l.UnitMultiplier
+	if m == 0 {
+		m = 1
+	}
+	return l.Unit.Duration() * time.Duration(m)
+}
+
+// Breaker is the circuit_breaker block of a descriptor: plain data, validated
+// by the loader, turned into a running breaker by package breaker.
+type Breaker struct {
+	// Strategy is "slow_request_ratio", "error_ratio" or "error_count".
+	Strategy string
+	// Threshold is a ratio in (0,1] for the ratio strategies, a count for
+	// error_count.
+	Threshold float64
+	// MaxResponseTime is the response time above which a request is slow.
+	MaxResponseTime time.Duration
+	// ErrorStatuses lists the HTTP statuses counted as errors; empty means
+	// every status >= 500. Aborted requests always count as errors.
+	ErrorStatuses []int
+	// MinRequests is the least number of observations in the window before
+	// the breaker may open.
+	MinRequests uint64
+	// Window and Buckets are the statistics window and its bucket count.
+	Window  time.Duration
+	Buckets int
+	// OpenDuration is how long the breaker stays open before half-opening.
+	OpenDuration time.Duration
+	// HalfOpenProbes is the most requests admitted while half-open; all must
+	// succeed to close the breaker.
+	HalfOpenProbes uint32
+	// ProbeTimeout is how long a probe may go unreported before it counts as
+	// failed.
+	ProbeTimeout time.Duration
+}
+
+// Rule is one matched node of the descriptor tree.
+type Rule struct {
+	// Domain is the rule's domain.
+	Domain string
+	// Path is the chain of key/value patterns from the domain root to this
+	// node; Value is "" for a value-less key and may contain '*' wildcards.
+	Path []Entry
+	// ID identifies the rule uniquely within a Set and stays the same across
+	// reloads as long as domain and path do: "domain.key_value.key...".
+	// It is also the metric label for the rule.
+	ID string
+	// Limits are the rule's rate limits (rate_limit, and the rate_limits
+	// list); all must pass. Empty for a node that limits nothing.
+	Limits []Limit
+	// Unlimited marks a rule that always answers OK and is never counted.
+	Unlimited bool
+	// Replaces lists the names of limits this rule replaces.
+	Replaces []string
+	// ShadowMode, QuotaMode, DetailedMetric, ValueToMetric and
+	// ShareThreshold are the per-descriptor flags of envoyproxy/ratelimit.
+	ShadowMode     bool
+	QuotaMode      bool
+	DetailedMetric bool
+	ValueToMetric  bool
+	ShareThreshold bool
+	// Metadata is the descriptor's metadata map, as parsed from YAML.
+	Metadata map[string]any
+	// Breaker is the descriptor's circuit breaker, nil when it has none.
+	Breaker *Breaker
+	// File and Line locate the descriptor in its rule file.
+	File string
+	Line int
+}
