@@ -1,0 +1,334 @@
+// Package config holds the process settings, read from environment variables
+// with github.com/kelseyhightower/envconfig. Names follow envoyproxy/ratelimit
+// wherever the meaning is the same, so existing deployments carry over.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Backend types accepted by BACKEND_TYPE.
+const (
+	// BackendMemory keeps every window in this process (the default).
+	BackendMemory = "memory"
+)
+
+// Settings is the complete configuration of one server process. Load reads it
+// from the environment; the zero value is not valid, use Load or Defaults.
+//
+// A field tagged `secret:"true"` is never printed by String.
+type Settings struct {
+	// Listeners.
+
+	// GRPCHost and GRPCPort are the address of the gRPC listener
+	// (RateLimitService, health, reflection).
+	GRPCHost string `envconfig:"GRPC_HOST" default:"0.0.0.0"`
+	GRPCPort int    `envconfig:"GRPC_PORT" default:"8081"`
+	// Host and Port are the address of the HTTP listener (/healthcheck,
+	// /json, /metrics).
+	Host string `envconfig:"HOST" default:"0.0.0.0"`
+	Port int    `envconfig:"PORT" default:"8080"`
+	// DebugHost and DebugPort are the address of the debug listener
+	// (/rlconfig, pprof). Loopback by default: the rule dump and pprof are
+	// not for the network.
+	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"`
+	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+
+	// GRPCMaxConnectionAge and GRPCMaxConnectionAgeGrace bound the life of a
+	// gRPC connection so that clients rebalance over time.
+	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
+	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
+
+	// DrainTimeout bounds graceful shutdown: after SIGTERM, in-flight calls
+	// get this long to finish before connections are closed.
+	DrainTimeout time.Duration `envconfig:"DRAIN_TIMEOUT" default:"20s"`
+
+	// TLS on the gRPC listener (the HTTP and debug listeners are plain text).
+
+	// GRPCServerUseTLS turns TLS on for the gRPC listener.
+	GRPCServerUseTLS bool `envconfig:"GRPC_SERVER_USE_TLS" default:"false"`
+	// GRPCServerTLSCert and GRPCServerTLSKey are PEM files of the server
+	// certificate chain and its key; both are re-read when they change.
+	GRPCServerTLSCert string `envconfig:"GRPC_SERVER_TLS_CERT"`
+	GRPCServerTLSKey  string `envconfig:"GRPC_SERVER_TLS_KEY"`
+	// GRPCClientTLSCACert, when set, turns on mutual TLS: clients must
+	// present a certificate signed by one of these PEM CA certificates.
+	GRPCClientTLSCACert string `envconfig:"GRPC_CLIENT_TLS_CACERT"`
+	// GRPCClientTLSSAN, when set, additionally requires the client
+	// certificate to carry this subject alternative name (DNS, URI, IP or
+	// e-mail).
+	GRPCClientTLSSAN string `envconfig:"GRPC_CLIENT_TLS_SAN"`
+
+	// Request limits: a request beyond any of them is refused with
+	// InvalidArgument before it reaches the limiter.
+
+	// MaxRequestBytes is the largest gRPC message (and /json body) accepted.
+	MaxRequestBytes int `envconfig:"MAX_REQUEST_BYTES" default:"65536"`
+	// MaxDescriptors is the most descriptors in one RateLimitRequest.
+	MaxDescriptors int `envconfig:"MAX_DESCRIPTORS_PER_REQUEST" default:"64"`
+	// MaxEntries is the most entries in one descriptor.
+	MaxEntries int `envconfig:"MAX_ENTRIES_PER_DESCRIPTOR" default:"16"`
+	// MaxKeyLength and MaxValueLength bound one entry's key and value, and
+	// MaxKeyLength also bounds the domain, in bytes.
+	MaxKeyLength   int `envconfig:"MAX_DESCRIPTOR_KEY_LENGTH" default:"256"`
+	MaxValueLength int `envconfig:"MAX_DESCRIPTOR_VALUE_LENGTH" default:"4096"`
+
+	// Rules.
+
+	// RuntimeRoot, RuntimeSubdirectory and RuntimeAppDirectory are joined
+	// into the rule directory (see ConfigDir).
+	RuntimeRoot         string `envconfig:"RUNTIME_ROOT" default:"/srv/runtime_data/current"`
+	RuntimeSubdirectory string `envconfig:"RUNTIME_SUBDIRECTORY"`
+	RuntimeAppDirectory string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
+	// ReloadDebounce is how long the rule directory must stay quiet after a
+	// change before the rules are reloaded (one edit often makes several
+	// file-system events).
+	ReloadDebounce time.Duration `envconfig:"CONFIG_RELOAD_DEBOUNCE" default:"250ms"`
+
+	// Logging.
+
+	// LogLevel is debug, info, warn or error (case-insensitive).
+	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info"`
+	// LogFormat is text or json.
+	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+
+	// Limiting.
+
+	// ShadowMode answers OK to every request while still counting and
+	// reporting what would have been refused.
+	ShadowMode bool `envconfig:"SHADOW_MODE" default:"false"`
+	// NearLimitRatio is the fraction of a limit above which hits are
+	// counted as near_limit in the metrics.
+	NearLimitRatio float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
+	// WindowBuckets is the number of buckets per window for rules that do
+	// not choose one; every rule's window length must divide evenly.
+	WindowBuckets int `envconfig:"WINDOW_BUCKETS" default:"20"`
+	// BackendType chooses where windows live: "memory" (this process).
+	// The Redis engineer adds "redis" and a Redis settings struct in
+	// config/redis.go (embed it here as `Redis RedisSettings`).
+	BackendType string `envconfig:"BACKEND_TYPE" default:"memory"`
+}
+
+// Load reads the settings from the environment and validates them.
+func Load() (Settings, error) {
+	var s Settings
+	if err := envconfig.Process("", &s); err != nil {
+		return Settings{}, fmt.Errorf("reading settings: %w", err)
+	}
+	if err := s.Validate(); err != nil {
+		return Settings{}, err
+	}
+	return s, nil
+}
+
+// Defaults returns the settings used when no environment variable is set
+// (the `default` tags), whatever the environment holds. Tests start from it
+// and override fields.
+func Defaults() Settings {
+	var s Settings
+	if err := setDefaults(reflect.ValueOf(&s).Elem()); err != nil {
+		panic(fmt.Sprintf("config: bad default tag: %v", err))
+	}
+	return s
+}
+
+// setDefaults sets every field of the struct v from its `default` tag.
+func setDefaults(v reflect.Value) error {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f, fv := t.Field(i), v.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		if fv.Kind() == reflect.Struct {
+			if err := setDefaults(fv); err != nil {
+				return err
+			}
+			continue
+		}
+		def, ok := f.Tag.Lookup("default")
+		if !ok {
+			continue
+		}
+		if u, ok := fv.Addr().Interface().(interface{ UnmarshalText([]byte) error }); ok {
+			if err := u.UnmarshalText([]byte(def)); err != nil {
+				return fmt.Errorf("%s: %w", f.Name, err)
+			}
+			continue
+		}
+		var err error
+		switch fv.Interface().(type) {
+		case string:
+			fv.SetString(def)
+		case time.Duration:
+			var d time.Duration
+			d, err = time.ParseDuration(def)
+			fv.SetInt(int64(d))
+		case int:
+			var n int64
+			n, err = strconv.ParseInt(def, 10, 0)
+			fv.SetInt(n)
+		case bool:
+			var b bool
+			b, err = strconv.ParseBool(def)
+			fv.SetBool(b)
+		case float64:
+			var x float64
+			x, err = strconv.ParseFloat(def, 64)
+			fv.SetFloat(x)
+		default:
+			err = fmt.Errorf("unsupported type %s", fv.Type())
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.Name, err)
+		}
+	}
+	return nil
+}
+
+// ConfigDir returns the rule directory: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+func (s Settings) ConfigDir() string {
+	return filepath.Join(s.RuntimeRoot, s.RuntimeSubdirectory, s.RuntimeAppDirectory)
+}
+
+// GRPCAddr, HTTPAddr and DebugAddr return the listener addresses in the form
+// net.Listen accepts.
+func (s Settings) GRPCAddr() string  { return joinHostPort(s.GRPCHost, s.GRPCPort) }
+func (s Settings) HTTPAddr() string  { return joinHostPort(s.Host, s.Port) }
+func (s Settings) DebugAddr() string { return joinHostPort(s.DebugHost, s.DebugPort) }
+
+func joinHostPort(host string, port int) string {
+	if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
+		host = "[" + host + "]"
+	}
+	return fmt.Sprintf("%s:%d", host, port)
+}
+
+// Validate reports every invalid setting at once, naming the variable.
+func (s Settings) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	for _, p := range []struct {
+		name string
+		port int
+	}{{"GRPC_PORT", s.GRPCPort}, {"PORT", s.Port}, {"DEBUG_PORT", s.DebugPort}} {
+		if p.port < 0 || p.port > 65535 {
+			bad(p.name, "port %d is outside 0..65535", p.port)
+		}
+	}
+	if s.GRPCMaxConnectionAge <= 0 {
+		bad("GRPC_MAX_CONNECTION_AGE", "must be positive, got %v", s.GRPCMaxConnectionAge)
+	}
+	if s.GRPCMaxConnectionAgeGrace < 0 {
+		bad("GRPC_MAX_CONNECTION_AGE_GRACE", "must not be negative, got %v", s.GRPCMaxConnectionAgeGrace)
+	}
+	if s.DrainTimeout < 0 {
+		bad("DRAIN_TIMEOUT", "must not be negative, got %v", s.DrainTimeout)
+	}
+	if s.ReloadDebounce < 0 {
+		bad("CONFIG_RELOAD_DEBOUNCE", "must not be negative, got %v", s.ReloadDebounce)
+	}
+	if s.GRPCServerUseTLS {
+		if s.GRPCServerTLSCert == "" {
+			bad("GRPC_SERVER_TLS_CERT", "required when GRPC_SERVER_USE_TLS is true")
+		}
+		if s.GRPCServerTLSKey == "" {
+			bad("GRPC_SERVER_TLS_KEY", "required when GRPC_SERVER_USE_TLS is true")
+		}
+	} else if s.GRPCClientTLSCACert != "" {
+		bad("GRPC_CLIENT_TLS_CACERT", "mutual TLS needs GRPC_SERVER_USE_TLS=true")
+	}
+	if s.GRPCClientTLSSAN != "" && s.GRPCClientTLSCACert == "" {
+		bad("GRPC_CLIENT_TLS_SAN", "a client SAN check needs GRPC_CLIENT_TLS_CACERT (client certificates)")
+	}
+	for _, l := range []struct {
+		name  string
+		value int
+	}{
+		{"MAX_REQUEST_BYTES", s.MaxRequestBytes},
+		{"MAX_DESCRIPTORS_PER_REQUEST", s.MaxDescriptors},
+		{"MAX_ENTRIES_PER_DESCRIPTOR", s.MaxEntries},
+		{"MAX_DESCRIPTOR_KEY_LENGTH", s.MaxKeyLength},
+		{"MAX_DESCRIPTOR_VALUE_LENGTH", s.MaxValueLength},
+	} {
+		if l.value < 1 {
+			bad(l.name, "must be at least 1, got %d", l.value)
+		}
+	}
+	if s.RuntimeRoot == "" {
+		bad("RUNTIME_ROOT", "must not be empty")
+	}
+	switch strings.ToLower(s.LogFormat) {
+	case "text", "json":
+	default:
+		bad("LOG_FORMAT", "%q is neither text nor json", s.LogFormat)
+	}
+	if !(s.NearLimitRatio > 0 && s.NearLimitRatio <= 1) {
+		bad("NEAR_LIMIT_RATIO", "%v is outside (0, 1]", s.NearLimitRatio)
+	}
+	if s.WindowBuckets < 1 {
+		bad("WINDOW_BUCKETS", "must be at least 1, got %d", s.WindowBuckets)
+	}
+	switch s.BackendType {
+	case BackendMemory:
+	default:
+		bad("BACKEND_TYPE", "unknown backend %q (want %s)", s.BackendType, BackendMemory)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid settings: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// NewLogger returns a logger writing to w in the configured format and level.
+func (s Settings) NewLogger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: s.LogLevel}
+	if strings.EqualFold(s.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// String lists every setting as NAME=value in declaration order, with the
+// value of every field tagged `secret:"true"` replaced by "<redacted>"
+// (or "" when unset), so the result is safe to log.
+func (s Settings) String() string {
+	var b strings.Builder
+	writeFields(&b, reflect.ValueOf(s))
+	return strings.TrimSuffix(b.String(), " ")
+}
+
+func writeFields(b *strings.Builder, v reflect.Value) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f, fv := t.Field(i), v.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name := f.Tag.Get("envconfig")
+		if fv.Kind() == reflect.Struct && fv.Type() != reflect.TypeOf(time.Time{}) {
+			writeFields(b, fv)
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		value := fmt.Sprint(fv.Interface())
+		if f.Tag.Get("secret") == "true" && !fv.IsZero() {
+			value = "<redacted>"
+		}
+		fmt.Fprintf(b, "%s=%q ", name, value)
+	}
+}

@@ -1,0 +1,166 @@
+package config
+
+import (
+	"log/slog"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// unsetAll removes every variable Settings reads, restoring them after the test.
+func unsetAll(t *testing.T) {
+	t.Helper()
+	typ := reflect.TypeOf(Settings{})
+	for i := 0; i < typ.NumField(); i++ {
+		if name := typ.Field(i).Tag.Get("envconfig"); name != "" {
+			t.Setenv(name, "")
+			os.Unsetenv(name)
+		}
+	}
+}
+
+func TestLoadDefaultsMatchDefaults(t *testing.T) {
+	unsetAll(t)
+	got, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if want := Defaults(); !reflect.DeepEqual(got, want) {
+		t.Errorf("Load() with an empty environment = %+v, Defaults() = %+v", got, want)
+	}
+	for _, c := range []struct{ name, got, want string }{
+		{"gRPC", got.GRPCAddr(), "0.0.0.0:8081"},
+		{"HTTP", got.HTTPAddr(), "0.0.0.0:8080"},
+		{"debug (loopback by default)", got.DebugAddr(), "127.0.0.1:6070"},
+		{"config dir", got.ConfigDir(), "/srv/runtime_data/current/config"},
+		{"backend", got.BackendType, BackendMemory},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
+		}
+	}
+	if got.LogLevel != slog.LevelInfo || got.NearLimitRatio != 0.8 || got.WindowBuckets != 20 {
+		t.Errorf("defaults: level %v ratio %v buckets %d", got.LogLevel, got.NearLimitRatio, got.WindowBuckets)
+	}
+}
+
+func TestLoadFromEnvironment(t *testing.T) {
+	unsetAll(t)
+	env := map[string]string{
+		"GRPC_HOST": "::1", "GRPC_PORT": "9001", "HOST": "127.0.0.1", "PORT": "9002",
+		"DEBUG_HOST": "0.0.0.0", "DEBUG_PORT": "9003",
+		"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_APPDIRECTORY": "rules",
+		"LOG_LEVEL": "DEBUG", "LOG_FORMAT": "json", "SHADOW_MODE": "true",
+		"NEAR_LIMIT_RATIO": "0.5", "WINDOW_BUCKETS": "10", "DRAIN_TIMEOUT": "3s",
+		"MAX_DESCRIPTORS_PER_REQUEST": "8",
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	s, err := Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if s.GRPCAddr() != "[::1]:9001" || s.HTTPAddr() != "127.0.0.1:9002" || s.DebugAddr() != "0.0.0.0:9003" {
+		t.Errorf("addresses %s %s %s", s.GRPCAddr(), s.HTTPAddr(), s.DebugAddr())
+	}
+	if s.ConfigDir() != "/data/ratelimit/rules" {
+		t.Errorf("ConfigDir = %q", s.ConfigDir())
+	}
+	if s.LogLevel != slog.LevelDebug || s.LogFormat != "json" || !s.ShadowMode ||
+		s.NearLimitRatio != 0.5 || s.WindowBuckets != 10 || s.DrainTimeout != 3*time.Second || s.MaxDescriptors != 8 {
+		t.Errorf("settings not read: %+v", s)
+	}
+}
+
+func TestLoadRejectsBadValues(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		want string // substring of the error
+	}{
+		{map[string]string{"GRPC_PORT": "eighty"}, "GRPC_PORT"},
+		{map[string]string{"PORT": "70000"}, "PORT: port 70000"},
+		{map[string]string{"DEBUG_PORT": "-1"}, "DEBUG_PORT"},
+		{map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT"},
+		{map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{map[string]string{"NEAR_LIMIT_RATIO": "1.5"}, "NEAR_LIMIT_RATIO"},
+		{map[string]string{"NEAR_LIMIT_RATIO": "0"}, "NEAR_LIMIT_RATIO"},
+		{map[string]string{"WINDOW_BUCKETS": "0"}, "WINDOW_BUCKETS"},
+		{map[string]string{"BACKEND_TYPE": "memcache"}, "BACKEND_TYPE"},
+		{map[string]string{"DRAIN_TIMEOUT": "-1s"}, "DRAIN_TIMEOUT"},
+		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "0s"}, "GRPC_MAX_CONNECTION_AGE"},
+		{map[string]string{"CONFIG_RELOAD_DEBOUNCE": "-1s"}, "CONFIG_RELOAD_DEBOUNCE"},
+		{map[string]string{"MAX_REQUEST_BYTES": "0"}, "MAX_REQUEST_BYTES"},
+		{map[string]string{"MAX_DESCRIPTORS_PER_REQUEST": "0"}, "MAX_DESCRIPTORS_PER_REQUEST"},
+		{map[string]string{"MAX_ENTRIES_PER_DESCRIPTOR": "0"}, "MAX_ENTRIES_PER_DESCRIPTOR"},
+		{map[string]string{"MAX_DESCRIPTOR_KEY_LENGTH": "0"}, "MAX_DESCRIPTOR_KEY_LENGTH"},
+		{map[string]string{"MAX_DESCRIPTOR_VALUE_LENGTH": "0"}, "MAX_DESCRIPTOR_VALUE_LENGTH"},
+		{map[string]string{"RUNTIME_ROOT": ""}, "RUNTIME_ROOT"},
+		{map[string]string{"GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: required"},
+		{map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem"}, "GRPC_SERVER_TLS_KEY: required"},
+		{map[string]string{"GRPC_CLIENT_TLS_CACERT": "ca.pem"}, "GRPC_CLIENT_TLS_CACERT"},
+		{map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c", "GRPC_SERVER_TLS_KEY": "k", "GRPC_CLIENT_TLS_SAN": "x"}, "GRPC_CLIENT_TLS_SAN"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			unsetAll(t)
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load()
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Load() error = %v, want one mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryError(t *testing.T) {
+	s := Defaults()
+	s.Port, s.LogFormat, s.WindowBuckets = 99999, "xml", 0
+	err := s.Validate()
+	for _, name := range []string{"PORT", "LOG_FORMAT", "WINDOW_BUCKETS"} {
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("Validate() = %v, want it to mention %s", err, name)
+		}
+	}
+}
+
+func TestStringRedactsSecrets(t *testing.T) {
+	type inner struct {
+		Password string `envconfig:"INNER_PASSWORD" secret:"true"`
+		Empty    string `envconfig:"INNER_EMPTY" secret:"true"`
+		URL      string `envconfig:"INNER_URL"`
+	}
+	var b strings.Builder
+	writeFields(&b, reflect.ValueOf(struct {
+		Port  int `envconfig:"PORT"`
+		Inner inner
+	}{Port: 1, Inner: inner{Password: "hunter2", URL: "redis:6379"}}))
+	got := b.String()
+	if strings.Contains(got, "hunter2") {
+		t.Errorf("dump leaks a secret: %s", got)
+	}
+	for _, want := range []string{`PORT="1"`, `INNER_PASSWORD="<redacted>"`, `INNER_EMPTY=""`, `INNER_URL="redis:6379"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("dump %s lacks %s", got, want)
+		}
+	}
+	if d := Defaults().String(); !strings.Contains(d, `GRPC_PORT="8081"`) || !strings.Contains(d, `DEBUG_HOST="127.0.0.1"`) {
+		t.Errorf("Settings.String() = %s", d)
+	}
+}
+
+func TestNewLoggerFormat(t *testing.T) {
+	for _, c := range []struct{ format, want string }{{"json", `"msg":"hello"`}, {"text", "msg=hello"}} {
+		var b strings.Builder
+		s := Defaults()
+		s.LogFormat = c.format
+		s.NewLogger(&b).Info("hello")
+		s.NewLogger(&b).Debug("hidden at info level")
+		if !strings.Contains(b.String(), c.want) || strings.Contains(b.String(), "hidden") {
+			t.Errorf("%s logger wrote %q", c.format, b.String())
+		}
+	}
+}
