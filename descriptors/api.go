@@ -1,9 +1,8 @@
-// Package descriptors loads rate-limit rules in the YAML format of
-// envoyproxy/ratelimit and matches request descriptors against them.
 package descriptors
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -43,6 +42,49 @@ func (u Unit) Duration() time.Duration {
 		return 365 * 24 * time.Hour
 	}
 	return 0
+}
+
+// String returns the unit's name as in Envoy's enum: "SECOND", "MINUTE", ...
+func (u Unit) String() string {
+	switch u {
+	case UnitSecond:
+		return "SECOND"
+	case UnitMinute:
+		return "MINUTE"
+	case UnitHour:
+		return "HOUR"
+	case UnitDay:
+		return "DAY"
+	case UnitWeek:
+		return "WEEK"
+	case UnitMonth:
+		return "MONTH"
+	case UnitYear:
+		return "YEAR"
+	}
+	return "UNKNOWN"
+}
+
+// ParseUnit returns the unit named s, case-insensitively ("second", "Minute",
+// "HOUR", ...). It reports false for "unknown" and for any other name.
+func ParseUnit(s string) (Unit, bool) {
+	switch strings.ToUpper(s) {
+	case "SECOND":
+		return UnitSecond, true
+	case "MINUTE":
+		return UnitMinute, true
+	case "HOUR":
+		return UnitHour, true
+	case "DAY":
+		return UnitDay, true
+	case "WEEK":
+		return UnitWeek, true
+	case "MONTH":
+		return UnitMonth, true
+	case "YEAR":
+		return UnitYear, true
+	}
+	return UnitUnknown, false
 }
 
 // Entry is one key/value pair of a request descriptor.

@@ -109,4 +109,32 @@ type Rule struct {
 	// File and Line locate the descriptor in its rule file.
 	File string
 	Line int
+
+	// levels holds, per element of Path, how AppendKey and MetricKey treat
+	// the request's value at that level.
+	levels []level
+	// unlimitedName is the name of an unlimited rate_limit block.
+	unlimitedName string
+}
+
+// level is the key-building behaviour of one element of a rule's path.
+type level struct {
+	exact         bool // the level matches one literal value
+	share         bool // share_threshold on a wildcard level: the pattern stands for the value
+	valueToMetric bool // value_to_metric: the request's value goes into the metric key
+}
+
+// Names returns the names of the rule's limits, including the name of an
+// unlimited block: the names other rules' replaces refer to.
+func (r *Rule) Names() []string {
+	var names []string
+	for _, l := range r.Limits {
+		if l.Name != "" {
+			names = append(names, l.Name)
+		}
+	}
+	if r.unlimitedName != "" {
+		names = append(names, r.unlimitedName)
+	}
+	return names
 }

@@ -1,0 +1,311 @@
+package descriptors
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// rawFile is one rule file (or xDS resource) after syntax checks, before the
+// semantic checks shared by every source.
+type rawFile struct {
+	name        string
+	line        int // of the domain field
+	domain      string
+	descriptors []*rawDescriptor
+}
+
+type rawDescriptor struct {
+	line           int
+	lines          map[string]int // field name -> line of its value
+	key            string
+	value          string
+	limits         []*rawLimit // rate_limit first, then rate_limits
+	shadowMode     bool
+	quotaMode      bool
+	detailedMetric bool
+	valueToMetric  bool
+	shareThreshold bool
+	metadata       map[string]any
+	breaker        *Breaker // validated and defaulted by the YAML reader
+	children       []*rawDescriptor
+}
+
+type rawLimit struct {
+	line            int
+	lines           map[string]int
+	unit            string // as written; "" when absent
+	requestsPerUnit uint32
+	unlimited       bool
+	name            string
+	replaces        []rawReplace
+	unitMultiplier  uint32 // 0 when absent
+	multiplierSet   bool
+	window          time.Duration // 0 when absent
+	buckets         int           // 0 when absent
+	bucketsSet      bool
+	algorithm       Algorithm
+}
+
+type rawReplace struct {
+	line int
+	name string
+}
+
+// at returns the line of a field, or the fallback when unknown.
+func at(lines map[string]int, field string, fallback int) int {
+	if l := lines[field]; l > 0 {
+		return l
+	}
+	return fallback
+}
+
+// builder turns raw files into a Set, collecting every error.
+type builder struct {
+	set     *Set
+	errs    []error
+	domains map[string]string // domain -> "file:line" of its definition
+	ids     map[string]*Rule  // every node's ID -> its rule, to catch collisions
+}
+
+func newBuilder() *builder {
+	return &builder{
+		set:     &Set{domains: map[string]*node{}, byID: map[string]*Rule{}},
+		domains: map[string]string{},
+		ids:     map[string]*Rule{},
+	}
+}
+
+func (b *builder) errorf(file string, line int, format string, args ...any) {
+	b.errs = append(b.errs, &Error{File: file, Line: line, Reason: fmt.Sprintf(format, args...)})
+}
+
+// result returns the set, or the joined errors when there are any.
+func (b *builder) result() (*Set, error) {
+	if len(b.errs) > 0 {
+		return nil, errors.Join(b.errs...)
+	}
+	sort.Slice(b.set.rules, func(i, j int) bool { return b.set.rules[i].ID < b.set.rules[j].ID })
+	return b.set, nil
+}
+
+func (b *builder) addFile(f *rawFile) {
+	if f.domain == "" {
+		b.errorf(f.name, f.line, "config file cannot have empty domain")
+		return
+	}
+	if where, dup := b.domains[f.domain]; dup {
+		b.errorf(f.name, f.line, "duplicate domain '%s' in config file (first defined at %s)", f.domain, where)
+		return
+	}
+	b.domains[f.domain] = fmt.Sprintf("%s:%d", f.name, f.line)
+	root := &node{}
+	b.addChildren(f, root, f.domain, nil, nil, f.descriptors)
+	b.set.domains[f.domain] = root
+}
+
+// addChildren validates and links the descriptors below parent, whose ID is
+// parentID and whose path and levels are given.
+func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []Entry, levels []level, descs []*rawDescriptor) {
+	seen := map[string]int{} // composite key -> line
+	for _, d := range descs {
+		if d.key == "" {
+			b.errorf(f.name, d.line, "descriptor has empty key")
+			continue
+		}
+		if strings.IndexByte(d.key, 0) >= 0 || strings.IndexByte(d.value, 0) >= 0 {
+			b.errorf(f.name, d.line, "descriptor key and value must not contain NUL bytes")
+			continue
+		}
+		composite := d.key
+		if d.value != "" {
+			composite += "_" + d.value
+		}
+		id := parentID + "." + composite
+		if first, dup := seen[composite]; dup {
+			b.errorf(f.name, d.line, "duplicate descriptor composite key '%s' (first at line %d)", id, first)
+			continue
+		}
+		seen[composite] = d.line
+		wild := isWildcard(d.value)
+		if d.shareThreshold && !wild {
+			b.errorf(f.name, at(d.lines, "share_threshold", d.line),
+				"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", composite)
+		}
+
+		rule := &Rule{
+			Domain:         f.domain,
+			Path:           append(append([]Entry(nil), path...), Entry{Key: d.key, Value: d.value}),
+			ID:             id,
+			ShadowMode:     d.shadowMode,
+			QuotaMode:      d.quotaMode,
+			DetailedMetric: d.detailedMetric,
+			ValueToMetric:  d.valueToMetric,
+			ShareThreshold: d.shareThreshold,
+			Metadata:       d.metadata,
+			Breaker:        d.breaker,
+			File:           f.name,
+			Line:           d.line,
+			levels: append(append([]level(nil), levels...), level{
+				exact:         d.value != "" && !wild,
+				share:         d.shareThreshold && wild,
+				valueToMetric: d.valueToMetric,
+			}),
+		}
+		b.addLimits(f, d, rule)
+		if other, dup := b.ids[id]; dup {
+			b.errorf(f.name, d.line, "descriptor id '%s' is also the id of the descriptor at %s:%d (keys or values containing '.' or '_' make paths ambiguous)",
+				id, other.File, other.Line)
+			continue
+		}
+		b.ids[id] = rule
+
+		n := &node{rule: rule, limited: len(rule.Limits) > 0 || rule.Unlimited || rule.Breaker != nil}
+		if n.limited {
+			b.set.rules = append(b.set.rules, rule)
+			b.set.byID[id] = rule
+		}
+		if parent.children == nil {
+			parent.children = map[string]*keyGroup{}
+		}
+		g := parent.children[d.key]
+		if g == nil {
+			g = &keyGroup{}
+			parent.children[d.key] = g
+		}
+		switch {
+		case d.value == "":
+			g.any = n
+		case wild:
+			g.wildcard = append(g.wildcard, wildcardChild{pattern: compilePattern(d.value), node: n})
+		default:
+			if g.exact == nil {
+				g.exact = map[string]*node{}
+			}
+			g.exact[d.value] = n
+		}
+		b.addChildren(f, n, id, rule.Path, rule.levels, d.children)
+	}
+}
+
+// addLimits validates the descriptor's rate_limit blocks into rule.
+func (b *builder) addLimits(f *rawFile, d *rawDescriptor, rule *Rule) {
+	for _, rl := range d.limits {
+		for _, r := range rl.replaces {
+			if r.name == "" {
+				b.errorf(f.name, r.line, "should not have an empty replaces entry")
+				continue
+			}
+			rule.Replaces = append(rule.Replaces, r.name)
+		}
+		if rl.unlimited {
+			if rl.unit != "" {
+				b.errorf(f.name, at(rl.lines, "unit", rl.line), "should not specify rate limit unit when unlimited")
+			}
+			for _, field := range []string{"window", "unit_multiplier", "buckets", "algorithm"} {
+				if _, set := rl.lines[field]; set {
+					b.errorf(f.name, at(rl.lines, field, rl.line), "should not specify %s when unlimited", field)
+				}
+			}
+			if len(d.limits) > 1 {
+				b.errorf(f.name, at(rl.lines, "unlimited", rl.line), "an unlimited rate limit cannot be combined with other rate limits on one descriptor")
+			}
+			rule.Unlimited = true
+			rule.unlimitedName = rl.name
+			continue
+		}
+		if l, ok := b.limit(f, rl); ok {
+			rule.Limits = append(rule.Limits, l)
+		}
+	}
+	for _, rl := range d.limits {
+		for _, r := range rl.replaces {
+			for _, name := range rule.Names() {
+				if r.name == name {
+					b.errorf(f.name, r.line, "replaces should not contain name of same descriptor")
+				}
+			}
+		}
+	}
+}
+
+// limit validates one non-unlimited rate_limit block.
+func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
+	l := Limit{
+		Name:            rl.name,
+		RequestsPerUnit: rl.requestsPerUnit,
+		UnitMultiplier:  1,
+		Buckets:         rl.buckets,
+		Algorithm:       rl.algorithm,
+	}
+	ok := true
+	if rl.multiplierSet {
+		if rl.unitMultiplier == 0 {
+			b.errorf(f.name, at(rl.lines, "unit_multiplier", rl.line), "unit_multiplier must be at least 1")
+			ok = false
+		}
+		l.UnitMultiplier = rl.unitMultiplier
+	}
+	if rl.bucketsSet && rl.buckets < 1 {
+		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets must be at least 1, got %d", rl.buckets)
+		return l, false
+	}
+	if rl.window > 0 {
+		l.Length = rl.window
+		l.Unit, l.UnitMultiplier = reportingUnit(rl.window)
+		if rl.unit != "" {
+			if _, known := ParseUnit(rl.unit); !known {
+				b.errorf(f.name, at(rl.lines, "unit", rl.line), "invalid rate limit unit '%s'", rl.unit)
+				ok = false
+			}
+		}
+	} else {
+		u, known := ParseUnit(rl.unit)
+		if !known {
+			b.errorf(f.name, at(rl.lines, "unit", rl.line), "invalid rate limit unit '%s'", rl.unit)
+			return l, false
+		}
+		l.Unit = u
+		if time.Duration(l.UnitMultiplier) > math.MaxInt64/u.Duration() {
+			b.errorf(f.name, at(rl.lines, "unit_multiplier", rl.line), "unit_multiplier %d makes the window longer than %v", l.UnitMultiplier, time.Duration(math.MaxInt64))
+			ok = false
+		}
+	}
+	if !ok {
+		return l, false
+	}
+	buckets, field := l.Buckets, "buckets"
+	if buckets == 0 {
+		buckets, field = window.DefaultBuckets, "window"
+	}
+	if _, err := window.NewSpec(l.Window(), buckets); err != nil {
+		reason := err.Error()
+		if !rl.bucketsSet {
+			reason += fmt.Sprintf(" (the default bucket count); set buckets to a divisor of the window")
+		}
+		b.errorf(f.name, at(rl.lines, field, rl.line), "%s", reason)
+		return l, false
+	}
+	return l, true
+}
+
+// reportingUnit returns the largest unit whose length divides w and the
+// multiplier that makes up w, or SECOND and 1 when no unit divides w (a
+// sub-second window) or the multiplier would overflow.
+func reportingUnit(w time.Duration) (Unit, uint32) {
+	for _, u := range []Unit{UnitYear, UnitMonth, UnitWeek, UnitDay, UnitHour, UnitMinute, UnitSecond} {
+		if w%u.Duration() == 0 {
+			m := w / u.Duration()
+			if m > math.MaxUint32 {
+				break
+			}
+			return u, uint32(m)
+		}
+	}
+	return UnitSecond, 1
+}

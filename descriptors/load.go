@@ -1,0 +1,102 @@
+package descriptors
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// File is one rule file's name (used in errors) and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse builds a Set from rule files in memory, in the order given (a domain
+// defined twice is reported at its second definition). Every error found in
+// any file is returned, as an errors.Join of *Error; the Set is returned only
+// when there is none.
+func Parse(files []File) (*Set, error) {
+	b := newBuilder()
+	for _, f := range files {
+		raw, errs := parseYAML(f.Name, f.Data)
+		b.errs = append(b.errs, errs...)
+		if raw != nil {
+			b.addFile(raw)
+		}
+	}
+	return b.result()
+}
+
+// Load reads the rule files of the directory dir and its subdirectories: every
+// file named *.yaml or *.yml, in lexical order of path. Names starting with a
+// dot are skipped, files and directories alike (Kubernetes mounts a ConfigMap
+// as symlinks into a ..data directory; the symlinks are read, ..data is not).
+// Symlinks to files are followed; symlinks to directories are not. Errors in
+// the files are reported as by Parse, with the file's path under dir; an
+// unreadable directory is an error wrapping the fs error.
+func Load(dir string) (*Set, error) {
+	files, err := readRuleFiles(os.DirFS(dir), ".", func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) })
+	if err != nil {
+		return nil, err
+	}
+	return Parse(files)
+}
+
+// LoadFS is Load on the directory dir of fsys. File names in errors are
+// paths in fsys.
+func LoadFS(fsys fs.FS, dir string) (*Set, error) {
+	files, err := readRuleFiles(fsys, dir, func(rel string) string { return rel })
+	if err != nil {
+		return nil, err
+	}
+	return Parse(files)
+}
+
+// isRuleFile reports whether a directory entry name is a rule file name.
+func isRuleFile(name string) bool {
+	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
+}
+
+// readRuleFiles reads the rule files under dir, naming each with display.
+func readRuleFiles(fsys fs.FS, dir string, display func(string) string) ([]File, error) {
+	var files []File
+	err := fs.WalkDir(fsys, dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if p != dir && strings.HasPrefix(name, ".") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !isRuleFile(name) {
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			info, err := fs.Stat(fsys, p)
+			if err != nil {
+				return fmt.Errorf("following symlink %s: %w", display(p), err)
+			}
+			if !info.Mode().IsRegular() {
+				return nil // a symlink to a directory or device
+			}
+		} else if !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", display(p), err)
+		}
+		files = append(files, File{Name: display(p), Data: data})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("descriptors: loading rules from %s: %w", display(dir), err)
+	}
+	return files, nil
+}

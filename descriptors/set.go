@@ -1,0 +1,288 @@
+package descriptors
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Set is an immutable, validated rule set: the descriptor trees of every
+// loaded domain. It is safe for concurrent use. Build one with Load, LoadFS,
+// Parse or FromProto.
+type Set struct {
+	domains map[string]*node
+	rules   []*Rule          // every rule, sorted by ID
+	byID    map[string]*Rule // rules by ID
+}
+
+// node is one descriptor of a domain's tree (or the domain root).
+type node struct {
+	rule     *Rule // the descriptor's data; nil for a domain root
+	limited  bool  // rule carries limits, unlimited or a breaker: Match returns it
+	children map[string]*keyGroup
+}
+
+// keyGroup holds the children of a node that share one key, in the order
+// matching tries them.
+type keyGroup struct {
+	exact    map[string]*node // literal values
+	wildcard []wildcardChild  // values with '*', in file order
+	any      *node            // the value-less key
+}
+
+type wildcardChild struct {
+	pattern pattern
+	node    *node
+}
+
+// Match returns the rule for one request descriptor of the domain, or nil
+// when no rule limits it: unknown domain, no matching path, a request deeper
+// or shallower than the rule, or a matching node that carries no limit (a
+// whitelist entry). It follows envoyproxy/ratelimit: per level the exact
+// value, then wildcards in file order, then the value-less key, without
+// backtracking. Match does not allocate.
+func (s *Set) Match(domain string, entries []Entry) *Rule {
+	if s == nil || len(entries) == 0 {
+		return nil
+	}
+	n := s.domains[domain]
+	if n == nil {
+		return nil
+	}
+	for i := range entries {
+		e := &entries[i]
+		g := n.children[e.Key]
+		if g == nil {
+			return nil
+		}
+		next := g.exact[e.Value]
+		if next == nil {
+			for j := range g.wildcard {
+				if g.wildcard[j].pattern.match(e.Value) {
+					next = g.wildcard[j].node
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = g.any
+		}
+		if next == nil {
+			return nil
+		}
+		n = next
+	}
+	if !n.limited {
+		return nil
+	}
+	return n.rule
+}
+
+// HasDomain reports whether the set has rules for the domain.
+func (s *Set) HasDomain(domain string) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.domains[domain]
+	return ok
+}
+
+// Domains returns the set's domains, sorted.
+func (s *Set) Domains() []string {
+	if s == nil {
+		return nil
+	}
+	ds := make([]string, 0, len(s.domains))
+	for d := range s.domains {
+		ds = append(ds, d)
+	}
+	sort.Strings(ds)
+	return ds
+}
+
+// Rules returns every rule of the set that carries limits, unlimited or a
+// circuit breaker, sorted by ID. The slice is the caller's; the rules are
+// shared and must not be modified.
+func (s *Set) Rules() []*Rule {
+	if s == nil {
+		return nil
+	}
+	return append([]*Rule(nil), s.rules...)
+}
+
+// Rule returns the rule with the given ID, or nil.
+func (s *Set) Rule(id string) *Rule {
+	if s == nil {
+		return nil
+	}
+	return s.byID[id]
+}
+
+// Dump returns a readable listing of the rules, one per line in ID order,
+// in the spirit of envoyproxy/ratelimit's /rlconfig:
+//
+//	api.user: unit=MINUTE requests_per_unit=100, shadow_mode: false
+func (s *Set) Dump() string {
+	if s == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, r := range s.rules {
+		b.WriteString(r.ID)
+		b.WriteString(":")
+		if r.Unlimited {
+			b.WriteString(" unlimited")
+			if r.unlimitedName != "" {
+				fmt.Fprintf(&b, " name=%s", r.unlimitedName)
+			}
+		}
+		for i, l := range r.Limits {
+			if i > 0 {
+				b.WriteString(";")
+			}
+			fmt.Fprintf(&b, " unit=%s requests_per_unit=%d", l.Unit, l.RequestsPerUnit)
+			if l.Length > 0 || l.UnitMultiplier > 1 {
+				fmt.Fprintf(&b, " window=%s", l.Window())
+			}
+			if l.Buckets > 0 {
+				fmt.Fprintf(&b, " buckets=%d", l.Buckets)
+			}
+			if l.Algorithm != "" && l.Algorithm != SlidingWindow {
+				fmt.Fprintf(&b, " algorithm=%s", l.Algorithm)
+			}
+			if l.Name != "" {
+				fmt.Fprintf(&b, " name=%s", l.Name)
+			}
+		}
+		fmt.Fprintf(&b, ", shadow_mode: %t", r.ShadowMode)
+		if r.QuotaMode {
+			b.WriteString(", quota_mode: true")
+		}
+		if len(r.Replaces) > 0 {
+			fmt.Fprintf(&b, ", replaces: [%s]", strings.Join(r.Replaces, ","))
+		}
+		if r.Breaker != nil {
+			br := r.Breaker
+			fmt.Fprintf(&b, ", circuit_breaker: {strategy=%s threshold=%g", br.Strategy, br.Threshold)
+			if br.MaxResponseTime > 0 {
+				fmt.Fprintf(&b, " max_response_time=%s", br.MaxResponseTime)
+			}
+			fmt.Fprintf(&b, " min_requests=%d window=%s buckets=%d open_duration=%s half_open_probes=%d probe_timeout=%s}",
+				br.MinRequests, br.Window, br.Buckets, br.OpenDuration, br.HalfOpenProbes, br.ProbeTimeout)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// AppendKey appends the counter key of a request descriptor matched by the
+// rule to dst and returns the extended slice. The key is the rule's ID
+// followed, for each level of the rule's path, by a 0x00 byte, the length of
+// the value as a uvarint and the value: the request's value, or for a
+// share_threshold wildcard level the pattern, so that every value matching
+// it shares one counter. IDs contain no 0x00 byte and the values are length
+// prefixed, so distinct rules or values never produce the same key.
+// Entries beyond the rule's depth are ignored; missing ones count as empty.
+func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
+	dst = append(dst, r.ID...)
+	for i := range r.Path {
+		v := ""
+		switch {
+		case r.levels[i].exact || r.levels[i].share:
+			v = r.Path[i].Value
+		case i < len(entries):
+			v = entries[i].Value
+		}
+		dst = append(dst, 0)
+		dst = binary.AppendUvarint(dst, uint64(len(v)))
+		dst = append(dst, v...)
+	}
+	return dst
+}
+
+// MetricKey returns the stats key of a request descriptor matched by the
+// rule: the rule's ID, unless the rule has detailed_metric (then the
+// request's own path, "domain.key_value.key_value...", as in
+// envoyproxy/ratelimit) or a level of its path has value_to_metric (then
+// that level appears as key_<request value>). Only these two options put
+// request values, and so unbounded cardinality, into metrics.
+func (r *Rule) MetricKey(entries []Entry) string {
+	if r.DetailedMetric {
+		var b strings.Builder
+		b.WriteString(r.Domain)
+		for _, e := range entries {
+			b.WriteByte('.')
+			b.WriteString(e.Key)
+			if e.Value != "" {
+				b.WriteByte('_')
+				b.WriteString(e.Value)
+			}
+		}
+		return b.String()
+	}
+	withValues := false
+	for _, l := range r.levels {
+		withValues = withValues || l.valueToMetric
+	}
+	if !withValues {
+		return r.ID
+	}
+	var b strings.Builder
+	b.WriteString(r.Domain)
+	for i, p := range r.Path {
+		b.WriteByte('.')
+		b.WriteString(p.Key)
+		v := p.Value
+		if r.levels[i].valueToMetric && i < len(entries) {
+			v = entries[i].Value
+		}
+		if v != "" {
+			b.WriteByte('_')
+			b.WriteString(v)
+		}
+	}
+	return b.String()
+}
+
+// pattern is a value with '*' wildcards, each matching any run of bytes
+// (including none).
+type pattern struct {
+	prefix string   // before the first '*'
+	suffix string   // after the last '*'
+	middle []string // the non-empty parts between, in order
+	min    int      // len(prefix)+len(suffix)+len of middle parts
+}
+
+// isWildcard reports whether a configured value is a wildcard pattern.
+func isWildcard(v string) bool { return strings.Contains(v, "*") }
+
+func compilePattern(v string) pattern {
+	parts := strings.Split(v, "*")
+	p := pattern{prefix: parts[0], suffix: parts[len(parts)-1]}
+	p.min = len(p.prefix) + len(p.suffix)
+	for _, m := range parts[1 : len(parts)-1] {
+		if m != "" {
+			p.middle = append(p.middle, m)
+			p.min += len(m)
+		}
+	}
+	return p
+}
+
+// match reports whether v matches the pattern. Matching the middle parts
+// leftmost-first is exact for '*'-only patterns.
+func (p *pattern) match(v string) bool {
+	if len(v) < p.min || !strings.HasPrefix(v, p.prefix) || !strings.HasSuffix(v, p.suffix) {
+		return false
+	}
+	rest := v[len(p.prefix) : len(v)-len(p.suffix)]
+	for _, m := range p.middle {
+		i := strings.Index(rest, m)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(m):]
+	}
+	return true
+}

@@ -1,0 +1,496 @@
+package descriptors
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// maxNodes bounds the descriptors and list items read from one file, so that
+// YAML aliases cannot expand a small file into an enormous tree.
+const maxNodes = 100000
+
+// Fields allowed at each level of a rule file.
+var (
+	rootFields       = []string{"domain", "descriptors"}
+	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata", "circuit_breaker"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
+		"unit_multiplier", "window", "buckets", "algorithm"}
+	replacesFields = []string{"name"}
+	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",
+		"window", "buckets", "open_duration", "half_open_probes", "probe_timeout"}
+)
+
+// Circuit breaker defaults, applied when the field is absent.
+const (
+	defaultBreakerWindow       = 10 * time.Second
+	defaultBreakerBuckets      = 10
+	defaultBreakerOpenDuration = 5 * time.Second
+	defaultHalfOpenProbes      = 1
+)
+
+// reader turns one YAML rule file into a rawFile, collecting errors.
+type reader struct {
+	file  string
+	errs  []error
+	nodes int
+}
+
+func (r *reader) errorf(line int, format string, args ...any) {
+	r.errs = append(r.errs, &Error{File: r.file, Line: line, Reason: fmt.Sprintf(format, args...)})
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
+
+// decodeYAML parses data into a document node. The parser's own errors are
+// reported with the line it names.
+func (r *reader) decodeYAML(data []byte) (doc *yaml.Node, ok bool) {
+	defer func() {
+		// yaml.v3 has panicked on hostile input in the past; a rule file
+		// must never take the process down.
+		if p := recover(); p != nil {
+			r.errorf(0, "error loading config file: yaml: %v", p)
+			doc, ok = nil, false
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var first yaml.Node
+	if err := dec.Decode(&first); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, true // an empty file: reported as an empty domain
+		}
+		r.parserError(err)
+		return nil, false
+	}
+	var second yaml.Node
+	switch err := dec.Decode(&second); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		r.parserError(err)
+		return nil, false
+	default:
+		r.errorf(second.Line, "a rule file must hold a single YAML document")
+		return nil, false
+	}
+	return &first, true
+}
+
+func (r *reader) parserError(err error) {
+	msg := err.Error()
+	line := 0
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = "yaml: " + msg[len(m[0]):]
+	}
+	r.errorf(line, "error loading config file: %s", msg)
+}
+
+// parseYAML reads one rule file. The rawFile is nil when the file could not
+// be read at all; otherwise errors may still have been reported.
+func parseYAML(name string, data []byte) (*rawFile, []error) {
+	r := &reader{file: name}
+	doc, ok := r.decodeYAML(data)
+	if !ok {
+		return nil, r.errs
+	}
+	f := &rawFile{name: name, line: 1}
+	if doc == nil || len(doc.Content) == 0 {
+		return f, r.errs
+	}
+	root := r.resolve(doc.Content[0])
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
+		return f, r.errs
+	}
+	if root.Kind != yaml.MappingNode {
+		r.errorf(root.Line, "config error, a rule file must be a YAML mapping with domain and descriptors")
+		return nil, r.errs
+	}
+	f.line = root.Line
+	r.fields(root, rootFields, func(name string, key, val *yaml.Node) {
+		switch name {
+		case "domain":
+			f.line = key.Line
+			f.domain, _ = r.str(name, val)
+		case "descriptors":
+			f.descriptors = r.descriptors(val)
+		}
+	})
+	return f, r.errs
+}
+
+// resolve follows aliases to the node they name.
+func (r *reader) resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// fields calls fn for each field of the mapping n, in order, after checking
+// that every key is a string, allowed and not repeated.
+func (r *reader) fields(n *yaml.Node, allowed []string, fn func(name string, key, val *yaml.Node)) {
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := r.resolve(n.Content[i]), r.resolve(n.Content[i+1])
+		if key.Kind != yaml.ScalarNode || key.ShortTag() != "!!str" {
+			r.errorf(key.Line, "config error, key is not of type string: %s", describe(key))
+			continue
+		}
+		if key.Value == "<<" {
+			r.errorf(key.Line, "config error, YAML merge keys (<<) are not supported")
+			continue
+		}
+		if !contains(allowed, key.Value) {
+			r.errorf(key.Line, "config error, unknown key '%s'", key.Value)
+			continue
+		}
+		if first, dup := seen[key.Value]; dup {
+			r.errorf(key.Line, "config error, duplicate key '%s' (first at line %d)", key.Value, first)
+			continue
+		}
+		seen[key.Value] = key.Line
+		fn(key.Value, key, val)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// describe renders a node for an error message.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return n.Value
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return "an alias"
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
+
+// list returns the mapping items of a list field, reporting other items.
+func (r *reader) list(field string, n *yaml.Node) []*yaml.Node {
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		r.errorf(n.Line, "config error, %s must be a list, got %s", field, describe(n))
+		return nil
+	}
+	var items []*yaml.Node
+	for _, it := range n.Content {
+		it = r.resolve(it)
+		r.nodes++
+		if r.nodes > maxNodes {
+			r.errorf(it.Line, "config error, more than %d descriptors and list items (YAML aliases?)", maxNodes)
+			return items
+		}
+		if it.Kind != yaml.MappingNode {
+			r.errorf(it.Line, "config error, yaml file contains list of type other than map: %s", describe(it))
+			continue
+		}
+		items = append(items, it)
+	}
+	return items
+}
+
+// mapping checks that n is a mapping; null reports false without error.
+func (r *reader) mapping(field string, n *yaml.Node) bool {
+	if isNull(n) {
+		return false
+	}
+	if n.Kind != yaml.MappingNode {
+		r.errorf(n.Line, "config error, %s must be a mapping, got %s", field, describe(n))
+		return false
+	}
+	return true
+}
+
+func (r *reader) str(field string, n *yaml.Node) (string, bool) {
+	if isNull(n) {
+		return "", true
+	}
+	if n.Kind != yaml.ScalarNode {
+		r.errorf(n.Line, "config error, %s must be a string, got %s", field, describe(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (r *reader) boolean(field string, n *yaml.Node) bool {
+	var b bool
+	if isNull(n) {
+		return false
+	}
+	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
+		r.errorf(n.Line, "config error, %s must be true or false, got %s", field, describe(n))
+	}
+	return b
+}
+
+// unsigned reads a non-negative integer no larger than max.
+func (r *reader) unsigned(field string, n *yaml.Node, max uint64) (uint64, bool) {
+	var u uint64
+	if n.Kind != yaml.ScalarNode || n.Decode(&u) != nil || u > max {
+		r.errorf(n.Line, "config error, %s must be an integer between 0 and %d, got %s", field, max, describe(n))
+		return 0, false
+	}
+	return u, true
+}
+
+func (r *reader) duration(field string, n *yaml.Node) (time.Duration, bool) {
+	s, ok := r.str(field, n)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		r.errorf(n.Line, "config error, %s must be a positive duration such as 30s or 5m, got '%s'", field, s)
+		return 0, false
+	}
+	return d, true
+}
+
+func (r *reader) descriptors(n *yaml.Node) []*rawDescriptor {
+	var out []*rawDescriptor
+	for _, it := range r.list("descriptors", n) {
+		out = append(out, r.descriptor(it))
+	}
+	return out
+}
+
+func (r *reader) descriptor(n *yaml.Node) *rawDescriptor {
+	d := &rawDescriptor{line: n.Line, lines: map[string]int{}}
+	r.fields(n, descriptorFields, func(name string, key, val *yaml.Node) {
+		d.lines[name] = val.Line
+		switch name {
+		case "key":
+			d.key, _ = r.str(name, val)
+		case "value":
+			d.value, _ = r.str(name, val)
+		case "rate_limit":
+			if r.mapping(name, val) {
+				d.limits = append([]*rawLimit{r.rateLimit(val)}, d.limits...)
+			}
+		case "rate_limits":
+			for _, it := range r.list(name, val) {
+				d.limits = append(d.limits, r.rateLimit(it))
+			}
+		case "descriptors":
+			d.children = r.descriptors(val)
+		case "shadow_mode":
+			d.shadowMode = r.boolean(name, val)
+		case "detailed_metric":
+			d.detailedMetric = r.boolean(name, val)
+		case "value_to_metric":
+			d.valueToMetric = r.boolean(name, val)
+		case "share_threshold":
+			d.shareThreshold = r.boolean(name, val)
+		case "quota_mode":
+			d.quotaMode = r.boolean(name, val)
+		case "metadata":
+			if r.mapping(name, val) {
+				if err := val.Decode(&d.metadata); err != nil {
+					r.errorf(val.Line, "error parsing metadata: %v", err)
+				}
+			}
+		case "circuit_breaker":
+			if r.mapping(name, val) {
+				d.breaker = r.breaker(val)
+			}
+		}
+	})
+	return d
+}
+
+func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
+	l := &rawLimit{line: n.Line, lines: map[string]int{}}
+	r.fields(n, rateLimitFields, func(name string, key, val *yaml.Node) {
+		l.lines[name] = val.Line
+		switch name {
+		case "unit":
+			l.unit, _ = r.str(name, val)
+		case "requests_per_unit":
+			u, _ := r.unsigned(name, val, math.MaxUint32)
+			l.requestsPerUnit = uint32(u)
+		case "unlimited":
+			l.unlimited = r.boolean(name, val)
+		case "name":
+			l.name, _ = r.str(name, val)
+		case "replaces":
+			for _, it := range r.list(name, val) {
+				rep := rawReplace{line: it.Line}
+				r.fields(it, replacesFields, func(_ string, _, v *yaml.Node) {
+					rep.name, _ = r.str("name", v)
+				})
+				l.replaces = append(l.replaces, rep)
+			}
+		case "unit_multiplier":
+			u, ok := r.unsigned(name, val, math.MaxUint32)
+			l.unitMultiplier, l.multiplierSet = uint32(u), ok
+		case "window":
+			l.window, _ = r.duration(name, val)
+		case "buckets":
+			u, ok := r.unsigned(name, val, math.MaxInt32)
+			l.buckets, l.bucketsSet = int(u), ok
+		case "algorithm":
+			s, _ := r.str(name, val)
+			switch a := Algorithm(s); a {
+			case SlidingWindow, TokenBucket, FixedWindow:
+				l.algorithm = a
+			default:
+				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket or fixed_window)", s)
+			}
+		}
+	})
+	return l
+}
+
+// Breaker strategies.
+const (
+	strategySlowRatio  = "slow_request_ratio"
+	strategyErrorRatio = "error_ratio"
+	strategyErrorCount = "error_count"
+)
+
+// breaker reads and validates a circuit_breaker block, filling defaults.
+func (r *reader) breaker(n *yaml.Node) *Breaker {
+	b := &Breaker{
+		Window:         defaultBreakerWindow,
+		Buckets:        defaultBreakerBuckets,
+		OpenDuration:   defaultBreakerOpenDuration,
+		HalfOpenProbes: defaultHalfOpenProbes,
+	}
+	lines := map[string]int{}
+	valid := true
+	var probeTimeoutSet, thresholdSet bool
+	r.fields(n, breakerFields, func(name string, key, val *yaml.Node) {
+		lines[name] = val.Line
+		ok := true
+		switch name {
+		case "strategy":
+			b.Strategy, ok = r.str(name, val)
+		case "threshold":
+			if val.Kind != yaml.ScalarNode || val.Decode(&b.Threshold) != nil || math.IsNaN(b.Threshold) {
+				r.errorf(val.Line, "config error, threshold must be a number, got %s", describe(val))
+				ok = false
+			}
+			thresholdSet = true
+		case "max_response_time":
+			b.MaxResponseTime, ok = r.duration(name, val)
+		case "error_statuses":
+			if isNull(val) {
+				break
+			}
+			if val.Kind != yaml.SequenceNode {
+				r.errorf(val.Line, "config error, error_statuses must be a list of HTTP statuses, got %s", describe(val))
+				ok = false
+				break
+			}
+			for _, it := range val.Content {
+				it = r.resolve(it)
+				var s int
+				if it.Kind != yaml.ScalarNode || it.Decode(&s) != nil || s < 100 || s > 599 {
+					r.errorf(it.Line, "config error, error_statuses must hold HTTP statuses (100-599), got %s", describe(it))
+					ok = false
+					continue
+				}
+				b.ErrorStatuses = append(b.ErrorStatuses, s)
+			}
+		case "min_requests":
+			b.MinRequests, ok = r.unsigned(name, val, math.MaxUint32)
+		case "window":
+			b.Window, ok = r.duration(name, val)
+		case "buckets":
+			var u uint64
+			u, ok = r.unsigned(name, val, math.MaxInt32)
+			b.Buckets = int(u)
+		case "open_duration":
+			b.OpenDuration, ok = r.duration(name, val)
+		case "half_open_probes":
+			var u uint64
+			u, ok = r.unsigned(name, val, math.MaxUint32)
+			b.HalfOpenProbes = uint32(u)
+		case "probe_timeout":
+			b.ProbeTimeout, ok = r.duration(name, val)
+			probeTimeoutSet = true
+		}
+		valid = valid && ok
+	})
+	line := func(field string) int { return at(lines, field, n.Line) }
+	switch b.Strategy {
+	case strategySlowRatio:
+		if b.MaxResponseTime <= 0 && valid {
+			r.errorf(line("max_response_time"), "circuit_breaker: max_response_time is required for strategy slow_request_ratio")
+			valid = false
+		}
+		fallthrough
+	case strategyErrorRatio:
+		if thresholdSet && (b.Threshold <= 0 || b.Threshold > 1) {
+			r.errorf(line("threshold"), "circuit_breaker: threshold of a ratio strategy must be in (0,1], got %g", b.Threshold)
+			valid = false
+		}
+	case strategyErrorCount:
+		if thresholdSet && b.Threshold < 1 {
+			r.errorf(line("threshold"), "circuit_breaker: threshold of strategy error_count must be at least 1, got %g", b.Threshold)
+			valid = false
+		}
+	case "":
+		r.errorf(line("strategy"), "circuit_breaker: strategy is required (slow_request_ratio, error_ratio or error_count)")
+		valid = false
+	default:
+		r.errorf(line("strategy"), "circuit_breaker: unknown strategy '%s' (want slow_request_ratio, error_ratio or error_count)", b.Strategy)
+		valid = false
+	}
+	if !thresholdSet && b.Strategy != "" {
+		r.errorf(line("threshold"), "circuit_breaker: threshold is required")
+		valid = false
+	}
+	if b.Strategy != strategySlowRatio && lines["max_response_time"] > 0 {
+		r.errorf(line("max_response_time"), "circuit_breaker: max_response_time applies only to strategy slow_request_ratio")
+		valid = false
+	}
+	if _, set := lines["buckets"]; set && b.Buckets < 1 {
+		r.errorf(line("buckets"), "circuit_breaker: buckets must be at least 1, got %d", b.Buckets)
+		valid = false
+	} else if b.Window > 0 {
+		if _, err := window.NewSpec(b.Window, b.Buckets); err != nil {
+			field := "buckets"
+			if _, set := lines["buckets"]; !set {
+				field = "window"
+			}
+			r.errorf(line(field), "circuit_breaker: %v", err)
+			valid = false
+		}
+	}
+	if _, set := lines["half_open_probes"]; set && b.HalfOpenProbes < 1 {
+		r.errorf(line("half_open_probes"), "circuit_breaker: half_open_probes must be at least 1")
+		valid = false
+	}
+	if !probeTimeoutSet {
+		b.ProbeTimeout = b.OpenDuration
+	}
+	if !valid {
+		return nil
+	}
+	return b
+}
