@@ -34,6 +34,7 @@ type rawDescriptor struct {
 	metadata       map[string]any
 	breaker        *Breaker // validated and defaulted by the YAML reader
 	children       []*rawDescriptor
+	bad            bool // key or value was malformed (already reported)
 }
 
 type rawLimit struct {
@@ -50,11 +51,13 @@ type rawLimit struct {
 	buckets         int           // 0 when absent
 	bucketsSet      bool
 	algorithm       Algorithm
+	bad             bool // a field was malformed (already reported)
 }
 
 type rawReplace struct {
 	line int
 	name string
+	bad  bool // already reported as malformed
 }
 
 // at returns the line of a field, or the fallback when unknown.
@@ -114,6 +117,9 @@ func (b *builder) addFile(f *rawFile) {
 func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []Entry, levels []level, descs []*rawDescriptor) {
 	seen := map[string]int{} // composite key -> line
 	for _, d := range descs {
+		if d.bad {
+			continue
+		}
 		if d.key == "" {
 			b.errorf(f.name, d.line, "descriptor has empty key")
 			continue
@@ -196,6 +202,9 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 // addLimits validates the descriptor's rate_limit blocks into rule.
 func (b *builder) addLimits(f *rawFile, d *rawDescriptor, rule *Rule) {
 	for _, rl := range d.limits {
+		if rl.bad {
+			continue
+		}
 		for _, r := range rl.replaces {
 			if r.name == "" {
 				b.errorf(f.name, r.line, "should not have an empty replaces entry")

@@ -85,12 +85,33 @@ func (r *reader) decodeYAML(data []byte) (doc *yaml.Node, ok bool) {
 	return &first, true
 }
 
+// parserProblems are the problems yaml.v3's parser (as opposed to its
+// scanner) reports. For these it names the 0-based line of the enclosing
+// block's start, which parserError turns into that block's 1-based line.
+var parserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
 func (r *reader) parserError(err error) {
 	msg := err.Error()
 	line := 0
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
-		msg = "yaml: " + msg[len(m[0]):]
+		msg = msg[len(m[0]):]
+		if parserProblems[msg] {
+			line++
+		}
+		msg = "yaml: " + msg
 	}
 	r.errorf(line, "error loading config file: %s", msg)
 }
@@ -142,12 +163,12 @@ func (r *reader) fields(n *yaml.Node, allowed []string, fn func(name string, key
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		key, val := r.resolve(n.Content[i]), r.resolve(n.Content[i+1])
-		if key.Kind != yaml.ScalarNode || key.ShortTag() != "!!str" {
-			r.errorf(key.Line, "config error, key is not of type string: %s", describe(key))
+		if key.Kind == yaml.ScalarNode && key.ShortTag() == "!!merge" {
+			r.errorf(key.Line, "config error, YAML merge keys (<<) are not supported")
 			continue
 		}
-		if key.Value == "<<" {
-			r.errorf(key.Line, "config error, YAML merge keys (<<) are not supported")
+		if key.Kind != yaml.ScalarNode || key.ShortTag() != "!!str" {
+			r.errorf(key.Line, "config error, key is not of type string: %s", describe(key))
 			continue
 		}
 		if !contains(allowed, key.Value) {
@@ -283,10 +304,14 @@ func (r *reader) descriptor(n *yaml.Node) *rawDescriptor {
 	r.fields(n, descriptorFields, func(name string, key, val *yaml.Node) {
 		d.lines[name] = val.Line
 		switch name {
-		case "key":
-			d.key, _ = r.str(name, val)
-		case "value":
-			d.value, _ = r.str(name, val)
+		case "key", "value":
+			v, ok := r.str(name, val)
+			d.bad = d.bad || !ok
+			if name == "key" {
+				d.key = v
+			} else {
+				d.value = v
+			}
 		case "rate_limit":
 			if r.mapping(name, val) {
 				d.limits = append([]*rawLimit{r.rateLimit(val)}, d.limits...)
@@ -324,6 +349,8 @@ func (r *reader) descriptor(n *yaml.Node) *rawDescriptor {
 
 func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 	l := &rawLimit{line: n.Line, lines: map[string]int{}}
+	before := len(r.errs)
+	defer func() { l.bad = len(r.errs) > before }()
 	r.fields(n, rateLimitFields, func(name string, key, val *yaml.Node) {
 		l.lines[name] = val.Line
 		switch name {
@@ -339,9 +366,11 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 		case "replaces":
 			for _, it := range r.list(name, val) {
 				rep := rawReplace{line: it.Line}
+				before := len(r.errs)
 				r.fields(it, replacesFields, func(_ string, _, v *yaml.Node) {
 					rep.name, _ = r.str("name", v)
 				})
+				rep.bad = len(r.errs) > before
 				l.replaces = append(l.replaces, rep)
 			}
 		case "unit_multiplier":
