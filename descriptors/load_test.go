@@ -1,0 +1,282 @@
+package descriptors
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+)
+
+const extensionRules = `
+domain: ext
+descriptors:
+  - key: user
+    shadow_mode: true
+    quota_mode: true
+    detailed_metric: true
+    metadata:
+      team: payments
+      tier: 2
+    rate_limit:
+      name: per_user
+      unit: Second
+      requests_per_unit: 10
+      replaces:
+        - name: global
+    rate_limits:
+      - unit: minute
+        unit_multiplier: 5
+        requests_per_unit: 300
+        buckets: 30
+        algorithm: token_bucket
+      - window: 90m
+        requests_per_unit: 1000
+      - window: 1500ms
+        requests_per_unit: 2
+        buckets: 3
+        algorithm: fixed_window
+  - key: ban
+    rate_limit: {unit: DAY, requests_per_unit: 0}
+  - key: everyone
+    rate_limit: {unlimited: true, name: global}
+  - key: upstream
+    circuit_breaker:
+      strategy: slow_request_ratio
+      threshold: 0.5
+      max_response_time: 250ms
+      min_requests: 20
+      window: 30s
+      buckets: 15
+      open_duration: 10s
+      half_open_probes: 3
+      probe_timeout: 2s
+  - key: flaky
+    circuit_breaker:
+      strategy: error_ratio
+      threshold: 1
+      error_statuses: [500, 503]
+`
+
+func TestParseExtensions(t *testing.T) {
+	s := mustParse(t, File{Name: "ext.yaml", Data: []byte(extensionRules)})
+
+	user := s.Rule("ext.user")
+	if user == nil {
+		t.Fatal("no rule ext.user")
+	}
+	wantLimits := []Limit{
+		{Name: "per_user", RequestsPerUnit: 10, Unit: UnitSecond, UnitMultiplier: 1},
+		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: TokenBucket},
+		{RequestsPerUnit: 1000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute},
+		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Buckets: 3, Algorithm: FixedWindow},
+	}
+	if !reflect.DeepEqual(user.Limits, wantLimits) {
+		t.Errorf("Limits:\n got %+v\nwant %+v", user.Limits, wantLimits)
+	}
+	for i, want := range []time.Duration{time.Second, 5 * time.Minute, 90 * time.Minute, 1500 * time.Millisecond} {
+		if got := user.Limits[i].Window(); got != want {
+			t.Errorf("Limits[%d].Window() = %v, want %v", i, got, want)
+		}
+	}
+	if !user.ShadowMode || !user.QuotaMode || !user.DetailedMetric || user.ValueToMetric || user.ShareThreshold {
+		t.Errorf("flags: %+v", user)
+	}
+	if !reflect.DeepEqual(user.Replaces, []string{"global"}) {
+		t.Errorf("Replaces = %v", user.Replaces)
+	}
+	if !reflect.DeepEqual(user.Metadata, map[string]any{"team": "payments", "tier": 2}) {
+		t.Errorf("Metadata = %#v", user.Metadata)
+	}
+	if user.File != "ext.yaml" || user.Line != 4 {
+		t.Errorf("position = %s:%d, want ext.yaml:4", user.File, user.Line)
+	}
+	if !reflect.DeepEqual(user.Names(), []string{"per_user"}) {
+		t.Errorf("Names() = %v", user.Names())
+	}
+
+	ban := s.Rule("ext.ban")
+	if len(ban.Limits) != 1 || ban.Limits[0].RequestsPerUnit != 0 || ban.Limits[0].Unit != UnitDay {
+		t.Errorf("ban limits = %+v", ban.Limits)
+	}
+
+	everyone := s.Rule("ext.everyone")
+	if !everyone.Unlimited || len(everyone.Limits) != 0 || !reflect.DeepEqual(everyone.Names(), []string{"global"}) {
+		t.Errorf("unlimited rule = %+v, names %v", everyone, everyone.Names())
+	}
+
+	wantSlow := &Breaker{
+		Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 250 * time.Millisecond,
+		MinRequests: 20, Window: 30 * time.Second, Buckets: 15, OpenDuration: 10 * time.Second,
+		HalfOpenProbes: 3, ProbeTimeout: 2 * time.Second,
+	}
+	if got := s.Rule("ext.upstream").Breaker; !reflect.DeepEqual(got, wantSlow) {
+		t.Errorf("upstream breaker = %+v, want %+v", got, wantSlow)
+	}
+	wantDefaults := &Breaker{
+		Strategy: "error_ratio", Threshold: 1, ErrorStatuses: []int{500, 503},
+		Window: 10 * time.Second, Buckets: 10, OpenDuration: 5 * time.Second,
+		HalfOpenProbes: 1, ProbeTimeout: 5 * time.Second,
+	}
+	if got := s.Rule("ext.flaky").Breaker; !reflect.DeepEqual(got, wantDefaults) {
+		t.Errorf("flaky breaker = %+v, want %+v", got, wantDefaults)
+	}
+}
+
+func TestReportingUnit(t *testing.T) {
+	tests := []struct {
+		window time.Duration
+		unit   Unit
+		mult   uint32
+	}{
+		{30 * time.Second, UnitSecond, 30},
+		{2 * time.Minute, UnitMinute, 2},
+		{90 * time.Minute, UnitMinute, 90},
+		{48 * time.Hour, UnitDay, 2},
+		{14 * 24 * time.Hour, UnitWeek, 2},
+		{60 * 24 * time.Hour, UnitMonth, 2},
+		{365 * 24 * time.Hour, UnitYear, 1},
+		{500 * time.Millisecond, UnitSecond, 1},
+	}
+	for _, tt := range tests {
+		u, m := reportingUnit(tt.window)
+		if u != tt.unit || m != tt.mult {
+			t.Errorf("reportingUnit(%v) = %v×%d, want %v×%d", tt.window, u, m, tt.unit, tt.mult)
+		}
+	}
+}
+
+func TestUnits(t *testing.T) {
+	for _, name := range []string{"second", "MINUTE", "Hour", "day", "week", "month", "year"} {
+		u, ok := ParseUnit(name)
+		if !ok || !strings.EqualFold(u.String(), name) || u.Duration() == 0 {
+			t.Errorf("ParseUnit(%q) = %v, %v", name, u, ok)
+		}
+	}
+	for _, name := range []string{"", "unknown", "fortnight", "seconds"} {
+		if u, ok := ParseUnit(name); ok {
+			t.Errorf("ParseUnit(%q) = %v, want error", name, u)
+		}
+	}
+	if UnitWeek != 7 || UnitYear != 6 {
+		t.Error("unit numbering differs from Envoy's enum")
+	}
+}
+
+func TestParseCollectsEveryError(t *testing.T) {
+	_, err := Parse([]File{
+		{Name: "a.yaml", Data: []byte("domain: a\ndescriptors:\n  - key: x\n    ratelimit: {}\n  - key: \"\"\n")},
+		{Name: "b.yaml", Data: []byte("domain: a\n")},
+		{Name: "c.yaml", Data: []byte("domain: c\ndescriptors: [{key: y, rate_limit: {unit: eon}}]\n")},
+		{Name: "d.yaml", Data: []byte("domain: [\n")},
+	})
+	var got []string
+	for _, e := range unwrapErrors(t, err) {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		"a.yaml:4: config error, unknown key 'ratelimit'",
+		"a.yaml:5: descriptor has empty key",
+		"b.yaml:1: duplicate domain 'a' in config file (first defined at a.yaml:1)",
+		"c.yaml:2: invalid rate limit unit 'eon'",
+		"d.yaml:2: error loading config file: yaml: did not find expected node content",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("errors:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestParseEmpty(t *testing.T) {
+	for _, data := range []string{"", "# only a comment\n", "---\n"} {
+		_, err := Parse([]File{{Name: "e.yaml", Data: []byte(data)}})
+		errs := unwrapErrors(t, err)
+		if len(errs) != 1 || errs[0].Reason != "config file cannot have empty domain" || errs[0].File != "e.yaml" {
+			t.Errorf("Parse(%q) = %v, want empty domain error", data, err)
+		}
+	}
+	s, err := Parse(nil)
+	if err != nil || s == nil || len(s.Rules()) != 0 {
+		t.Errorf("Parse(nil) = %v, %v; want an empty set", s, err)
+	}
+}
+
+func TestLoadFSSelectsFiles(t *testing.T) {
+	fsys := fstest.MapFS{
+		"config/a.yaml":          {Data: []byte("domain: a\n")},
+		"config/b.yml":           {Data: []byte("domain: b\n")},
+		"config/team/c.yaml":     {Data: []byte("domain: c\n")},
+		"config/README.txt":      {Data: []byte("not yaml: [")},
+		"config/a.yaml.bak":      {Data: []byte("not yaml: [")},
+		"config/.hidden.yaml":    {Data: []byte("not yaml: [")},
+		"config/.git/x.yaml":     {Data: []byte("not yaml: [")},
+		"config/..data/a.yaml":   {Data: []byte("domain: a\n")},
+		"config/team/.old.yml":   {Data: []byte("not yaml: [")},
+		"elsewhere/other.yaml":   {Data: []byte("not yaml: [")},
+		"config/yaml":            {Data: []byte("not yaml: [")},
+		"config/notes.yaml.orig": {Data: []byte("not yaml: [")},
+	}
+	s, err := LoadFS(fsys, "config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Domains(); !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
+		t.Errorf("Domains() = %v, want [a b c]", got)
+	}
+	_, err = LoadFS(fsys, "missing")
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing dir: %v, want fs.ErrNotExist", err)
+	}
+}
+
+// TestLoadKubernetesConfigMap mounts rules the way the kubelet does: the
+// files are symlinks into a ..data symlink to a timestamped dot-directory.
+func TestLoadKubernetesConfigMap(t *testing.T) {
+	dir := t.TempDir()
+	ts := filepath.Join(dir, "..2026_11_30_12_00_00.000000001")
+	must(t, os.Mkdir(ts, 0o755))
+	must(t, os.WriteFile(filepath.Join(ts, "rules.yaml"), []byte("domain: k8s\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644))
+	must(t, os.WriteFile(filepath.Join(ts, "broken.yaml"), []byte("domain: [\n"), 0o644))
+	must(t, os.Symlink(filepath.Base(ts), filepath.Join(dir, "..data")))
+	must(t, os.Symlink(filepath.Join("..data", "rules.yaml"), filepath.Join(dir, "rules.yaml")))
+	// A symlink to a directory is not followed.
+	must(t, os.Symlink(ts, filepath.Join(dir, "linked.yaml")))
+
+	s, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.Match("k8s", []Entry{{Key: "k", Value: "v"}})
+	if r == nil || r.File != filepath.Join(dir, "rules.yaml") {
+		t.Fatalf("Match = %+v, want the rule from %s", r, filepath.Join(dir, "rules.yaml"))
+	}
+
+	// A dangling symlink is reported.
+	must(t, os.Symlink("nowhere.yaml", filepath.Join(dir, "dangling.yaml")))
+	if _, err := Load(dir); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "dangling.yaml") {
+		t.Errorf("dangling symlink: %v", err)
+	}
+}
+
+func TestLoadReportsFullPath(t *testing.T) {
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "bad.yml"), []byte("domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n"), 0o644))
+	_, err := Load(dir)
+	errs := unwrapErrors(t, err)
+	if len(errs) != 1 || errs[0].File != filepath.Join(dir, "bad.yml") || errs[0].Line != 4 {
+		t.Errorf("Load: %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing dir: %v", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
