@@ -1,0 +1,249 @@
+// Package breaker implements circuit breakers fed by observed response times
+// and statuses, and enforced through the rate-limit answer.
+//
+// A Breaker is closed while its upstream is healthy. It opens when its
+// strategy's threshold is crossed with at least MinRequests observations in
+// its sliding statistics window, refuses every request for OpenDuration,
+// then half-opens: it admits at most HalfOpenProbes requests as probes. If
+// every probe succeeds it closes with a fresh window; a failing probe, or one
+// that reports nothing within ProbeTimeout, reopens it for a fresh
+// OpenDuration, so a breaker never sticks in half-open.
+//
+// Which observation is a probe's result. Observations (ext_proc, access
+// logs, JSON reports) carry no tag of ours, so a breaker cannot tell a
+// probe's result from a straggler admitted before it opened. It relies on
+// this: while a breaker is open or half-open, the enforcing proxy lets only
+// admitted probes through, so the only requests that go upstream, and hence
+// the only new observations, are probes. A half-open breaker therefore takes
+// an observation as a probe result only while it has a probe outstanding,
+// pairing results with probes first-in first-out; observations arriving with
+// no probe outstanding only feed the statistics. The residual ambiguity: a
+// straggler admitted before the breaker opened and reported while a probe
+// is outstanding (a request slower than OpenDuration, or an access log
+// flushed late) is taken as that probe's result; if it failed it reopens the
+// breaker early (the safe direction); if it succeeded it stands in for the
+// probe, whose own result then finds no probe outstanding and is only
+// counted. A probe that never reports is caught by ProbeTimeout.
+//
+// Every method that depends on time has an ...At form taking the current
+// time as a Duration since the origin of a window.Clock.
+package breaker
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// State is the state of a breaker.
+type State int32
+
+// The states of a breaker. Their numeric values are the values of the
+// state gauge.
+const (
+	Closed   State = 0
+	Open     State = 1
+	HalfOpen State = 2
+)
+
+// String returns the state's name: closed, open or half_open.
+func (s State) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case Open:
+		return "open"
+	case HalfOpen:
+		return "half_open"
+	}
+	return "unknown"
+}
+
+// MarshalText encodes the state as its name.
+func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Transition describes one state change of a breaker.
+type Transition struct {
+	From, To State
+	// At is the time of the change.
+	At time.Duration
+	// Reason says what caused it: "threshold", "open_duration elapsed",
+	// "probe failed", "probe timeout", "probes succeeded".
+	Reason string
+	// Failed and Total are the window counts when the breaker opened from
+	// closed.
+	Failed, Total uint64
+}
+
+// Breaker is one circuit breaker. It is safe for concurrent use: Allow in
+// the closed state is one atomic load; everything else takes a mutex.
+type Breaker struct {
+	cfg   Config
+	state atomic.Int32 // State
+	until atomic.Int64 // while Open: the time it half-opens
+
+	onChange func(Transition) // called with mu held, once per transition
+
+	mu        sync.Mutex
+	stats     ring
+	probes    []time.Duration // admission times of outstanding probes, oldest first
+	admitted  uint32          // probes admitted in this half-open period
+	succeeded uint32          // probes that succeeded in this half-open period
+}
+
+// New returns a closed breaker. onChange, if not nil, is called once for
+// every state change, while the breaker's lock is held (it must not call
+// back into the breaker).
+func New(cfg Config, onChange func(Transition)) *Breaker {
+	return &Breaker{
+		cfg:      cfg,
+		onChange: onChange,
+		stats:    newRing(cfg.Spec),
+		probes:   make([]time.Duration, 0, cfg.HalfOpenProbes),
+	}
+}
+
+// Config returns the breaker's configuration.
+func (b *Breaker) Config() Config { return b.cfg }
+
+// State returns the state as last changed; an open breaker whose
+// OpenDuration has elapsed reads Open until the next call that takes the
+// time (AllowAt, ObserveAt, AdvanceAt) moves it on.
+func (b *Breaker) State() State { return State(b.state.Load()) }
+
+// AllowAt reports whether a request may pass at now and, if not, how long
+// until the breaker may admit one: the time until it half-opens, or, while
+// half-open with every probe slot taken, until the oldest probe times out.
+// In the half-open state an admitted request is a probe.
+func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration) {
+	switch State(b.state.Load()) {
+	case Closed:
+		return true, 0
+	case Open:
+		if until := time.Duration(b.until.Load()); now < until {
+			return false, until - now
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	switch State(b.state.Load()) {
+	case Closed:
+		return true, 0
+	case Open:
+		return false, time.Duration(b.until.Load()) - now
+	}
+	if b.admitted < b.cfg.HalfOpenProbes {
+		b.admitted++
+		b.probes = append(b.probes, now)
+		return true, 0
+	}
+	// Every slot is taken and at least one probe is outstanding (all
+	// reported would have closed or reopened the breaker).
+	return false, max(b.probes[0]+b.cfg.ProbeTimeout-now, time.Nanosecond)
+}
+
+// ObserveAt records the outcome of one request observed at now and moves
+// the breaker on: a closed breaker opens if its threshold is crossed; a
+// half-open one with a probe outstanding takes the outcome as that probe's
+// result.
+func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
+	failed := b.cfg.Failed(o)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	b.stats.add(now, failed)
+	switch State(b.state.Load()) {
+	case Closed:
+		if f, t := b.stats.sum(now); b.cfg.tripped(f, t) {
+			b.open(now, Closed, "threshold", f, t)
+		}
+	case HalfOpen:
+		if len(b.probes) == 0 {
+			return // not a probe: see the package documentation
+		}
+		b.probes = b.probes[:copy(b.probes, b.probes[1:])]
+		if failed {
+			b.open(now, HalfOpen, "probe failed", 0, 0)
+			return
+		}
+		b.succeeded++
+		if b.succeeded >= b.cfg.HalfOpenProbes {
+			b.stats.reset()
+			b.set(now, HalfOpen, Closed, "probes succeeded", 0, 0)
+		}
+	}
+}
+
+// AdvanceAt applies the transitions due by now without a request: open to
+// half-open once OpenDuration has elapsed, half-open back to open when a
+// probe has been outstanding for ProbeTimeout.
+func (b *Breaker) AdvanceAt(now time.Duration) State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	return State(b.state.Load())
+}
+
+// advance applies the time-driven transitions; b.mu is held.
+func (b *Breaker) advance(now time.Duration) {
+	switch State(b.state.Load()) {
+	case Open:
+		if now >= time.Duration(b.until.Load()) {
+			b.admitted, b.succeeded = 0, 0
+			b.probes = b.probes[:0]
+			b.set(now, Open, HalfOpen, "open_duration elapsed", 0, 0)
+		}
+	case HalfOpen:
+		if len(b.probes) > 0 && now >= b.probes[0]+b.cfg.ProbeTimeout {
+			b.open(now, HalfOpen, "probe timeout", 0, 0)
+		}
+	}
+}
+
+// open moves the breaker to Open for a fresh OpenDuration; b.mu is held.
+func (b *Breaker) open(now time.Duration, from State, reason string, failed, total uint64) {
+	b.until.Store(int64(now + b.cfg.OpenDuration))
+	b.probes = b.probes[:0]
+	b.set(now, from, Open, reason, failed, total)
+}
+
+func (b *Breaker) set(now time.Duration, from, to State, reason string, failed, total uint64) {
+	b.state.Store(int32(to))
+	if b.onChange != nil {
+		b.onChange(Transition{From: from, To: to, At: now, Reason: reason, Failed: failed, Total: total})
+	}
+}
+
+// Stats is a point-in-time view of a breaker.
+type Stats struct {
+	State State `json:"state"`
+	// Failed and Total are the counts in the statistics window: slow (or
+	// aborted) requests for slow_request_ratio, failed ones otherwise.
+	Failed uint64 `json:"failed"`
+	Total  uint64 `json:"total"`
+	// RetryAfter is, while open, the time until the breaker half-opens.
+	RetryAfter time.Duration `json:"-"`
+	// ProbesAdmitted, ProbesOutstanding and ProbesSucceeded describe the
+	// current half-open period.
+	ProbesAdmitted    uint32 `json:"probes_admitted,omitempty"`
+	ProbesOutstanding int    `json:"probes_outstanding,omitempty"`
+	ProbesSucceeded   uint32 `json:"probes_succeeded,omitempty"`
+}
+
+// StatsAt returns the breaker's state and window counts at now, after
+// applying the transitions due by then.
+func (b *Breaker) StatsAt(now time.Duration) Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	s := Stats{State: State(b.state.Load())}
+	s.Failed, s.Total = b.stats.sum(now)
+	switch s.State {
+	case Open:
+		s.RetryAfter = time.Duration(b.until.Load()) - now
+	case HalfOpen:
+		s.ProbesAdmitted, s.ProbesOutstanding, s.ProbesSucceeded = b.admitted, len(b.probes), b.succeeded
+	}
+	return s
+}

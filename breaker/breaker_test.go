@@ -1,0 +1,378 @@
+package breaker
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leapgate/leapgate/descriptors"
+)
+
+const (
+	ms = time.Millisecond
+	s  = time.Second
+)
+
+func mustConfig(t testing.TB, b descriptors.Breaker) Config {
+	t.Helper()
+	c, err := NewConfig(b)
+	if err != nil {
+		t.Fatalf("NewConfig(%+v): %v", b, err)
+	}
+	return c
+}
+
+// slowBreaker: slow_request_ratio 0.5 over 10s/10 buckets, min 4 requests,
+// max 100ms, open 5s, 2 probes, probe timeout 1s.
+func slowConfig(t testing.TB) Config {
+	return mustConfig(t, descriptors.Breaker{
+		Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 100 * ms, MinRequests: 4,
+		Window: 10 * s, Buckets: 10, OpenDuration: 5 * s, HalfOpenProbes: 2, ProbeTimeout: time.Second,
+	})
+}
+
+type recorder struct{ got []Transition }
+
+func (r *recorder) hook(t Transition) { r.got = append(r.got, t) }
+
+func (r *recorder) last() Transition {
+	if len(r.got) == 0 {
+		return Transition{}
+	}
+	return r.got[len(r.got)-1]
+}
+
+var (
+	fast = Outcome{ResponseTime: 10 * ms, Status: 200}
+	slow = Outcome{ResponseTime: 101 * ms, Status: 200}
+)
+
+func TestNewConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      descriptors.Breaker
+		wantErr bool
+		check   func(Config) bool
+	}{
+		{"defaults", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5}, false, func(c Config) bool {
+			return c.Spec.Length() == DefaultWindow && c.Spec.Buckets() == DefaultBuckets &&
+				c.OpenDuration == DefaultOpenDuration && c.HalfOpenProbes == 1 && c.ProbeTimeout == DefaultProbeTimeout
+		}},
+		{"probe timeout at least twice max response time", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 1, MaxResponseTime: 4 * s}, false,
+			func(c Config) bool { return c.ProbeTimeout == 8*s }},
+		{"window not divisible by default buckets picks a divisor", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 7*s + 3}, false,
+			func(c Config) bool { return int64(c.Spec.Length())%int64(c.Spec.Buckets()) == 0 }},
+		{"explicit indivisible buckets", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 10 * s, Buckets: 3}, true, nil},
+		{"unknown strategy", descriptors.Breaker{Strategy: "latency", Threshold: 0.5}, true, nil},
+		{"empty strategy", descriptors.Breaker{Threshold: 0.5}, true, nil},
+		{"ratio above one", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1.5}, true, nil},
+		{"ratio zero", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0}, true, nil},
+		{"count below one", descriptors.Breaker{Strategy: "error_count", Threshold: 0.5}, true, nil},
+		{"slow without max", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5}, true, nil},
+		{"negative open", descriptors.Breaker{Strategy: "error_count", Threshold: 1, OpenDuration: -1}, true, nil},
+		{"bad status", descriptors.Breaker{Strategy: "error_count", Threshold: 1, ErrorStatuses: []int{42}}, true, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := NewConfig(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
+			}
+			if tt.check != nil && !tt.check(c) {
+				t.Errorf("config %+v fails check", c)
+			}
+		})
+	}
+}
+
+func TestFailed(t *testing.T) {
+	slowC := mustConfig(t, descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 100 * ms})
+	errC := mustConfig(t, descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5})
+	listC := mustConfig(t, descriptors.Breaker{Strategy: "error_count", Threshold: 1, ErrorStatuses: []int{503, 429}})
+	tests := []struct {
+		name string
+		c    Config
+		o    Outcome
+		want bool
+	}{
+		{"slow: at max is not slow", slowC, Outcome{ResponseTime: 100 * ms, Status: 200}, false},
+		{"slow: above max", slowC, Outcome{ResponseTime: 100*ms + 1, Status: 200}, true},
+		{"slow: 500 fast is not slow", slowC, Outcome{ResponseTime: ms, Status: 500}, false},
+		{"slow: aborted", slowC, Outcome{ResponseTime: ms, Aborted: true}, true},
+		{"slow: in flight past max", slowC, Outcome{ResponseTime: 101 * ms, InFlight: true}, true},
+		{"error: 499", errC, Outcome{Status: 499}, false},
+		{"error: 500", errC, Outcome{Status: 500}, true},
+		{"error: 503", errC, Outcome{Status: 503}, true},
+		{"error: slow 200", errC, Outcome{Status: 200, ResponseTime: time.Hour}, false},
+		{"error: aborted", errC, Outcome{Aborted: true}, true},
+		{"error: declared", errC, Outcome{Error: true}, true},
+		{"list: 429", listC, Outcome{Status: 429}, true},
+		{"list: 503", listC, Outcome{Status: 503}, true},
+		{"list: 500 not listed", listC, Outcome{Status: 500}, false},
+		{"list: aborted", listC, Outcome{Aborted: true}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.c.Failed(tt.o); got != tt.want {
+				t.Errorf("Failed(%+v) = %v, want %v", tt.o, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestThresholds feeds a fresh breaker a sequence of outcomes at one instant
+// and checks whether it opened, at the boundary of each strategy.
+func TestThresholds(t *testing.T) {
+	bad := Outcome{Status: 500, ResponseTime: time.Hour}
+	good := Outcome{Status: 200, ResponseTime: ms}
+	seq := func(nBad, nGood int) []Outcome {
+		var out []Outcome
+		for range nGood {
+			out = append(out, good)
+		}
+		for range nBad {
+			out = append(out, bad)
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		b    descriptors.Breaker
+		obs  []Outcome
+		open bool
+	}{
+		{"ratio 0.3: 3 of 10 opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.3, MinRequests: 10}, seq(3, 7), true},
+		{"ratio 0.3: 2 of 10 stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.3, MinRequests: 10}, seq(2, 8), false},
+		{"ratio 1: all bad opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1, MinRequests: 3}, seq(3, 0), true},
+		{"ratio 1: one good stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1, MinRequests: 3}, seq(3, 1), false},
+		{"slow ratio 0.5: 2 of 4 opens", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: s, MinRequests: 4}, seq(2, 2), true},
+		{"slow ratio 0.5: 1 of 4 stays", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: s, MinRequests: 4}, seq(1, 3), false},
+		{"min requests: 4 bad of min 5 stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5, MinRequests: 5}, seq(4, 0), false},
+		{"min requests: 5th observation opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5, MinRequests: 5}, seq(3, 2), true},
+		{"count 3: 2 errors stay", descriptors.Breaker{Strategy: "error_count", Threshold: 3}, seq(2, 50), false},
+		{"count 3: 3 errors open", descriptors.Breaker{Strategy: "error_count", Threshold: 3}, seq(3, 50), true},
+		{"count 3 with min 10: 3 of 5 stays", descriptors.Breaker{Strategy: "error_count", Threshold: 3, MinRequests: 10}, seq(3, 2), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := New(mustConfig(t, tt.b), nil)
+			for _, o := range tt.obs {
+				b.ObserveAt(s, o)
+			}
+			if got := b.State() == Open; got != tt.open {
+				t.Errorf("open = %v, want %v (state %v)", got, tt.open, b.State())
+			}
+		})
+	}
+}
+
+func openBreaker(t *testing.T, rec *recorder, at time.Duration) *Breaker {
+	t.Helper()
+	b := New(slowConfig(t), rec.hook)
+	for range 4 {
+		b.ObserveAt(at, slow)
+	}
+	if b.State() != Open {
+		t.Fatalf("state = %v after 4 slow requests, want open", b.State())
+	}
+	return b
+}
+
+func TestLifecycle(t *testing.T) {
+	var rec recorder
+	b := openBreaker(t, &rec, 1*s)
+	if tr := rec.last(); tr.From != Closed || tr.To != Open || tr.Failed != 4 || tr.Total != 4 || tr.Reason != "threshold" {
+		t.Fatalf("transition = %+v", tr)
+	}
+	// Open: refused until OpenDuration has elapsed, with the exact wait.
+	if ok, wait := b.AllowAt(2 * s); ok || wait != 4*s {
+		t.Fatalf("AllowAt(2s) = %v, %v; want false, 4s", ok, wait)
+	}
+	if ok, wait := b.AllowAt(6*s - 1); ok || wait != 1 {
+		t.Fatalf("AllowAt(6s-1ns) = %v, %v; want false, 1ns", ok, wait)
+	}
+	// Half-open lazily at 6s: two probes admitted, the third refused until
+	// the oldest probe would time out.
+	if ok, _ := b.AllowAt(6 * s); !ok || b.State() != HalfOpen {
+		t.Fatalf("first probe refused or state %v", b.State())
+	}
+	if ok, _ := b.AllowAt(6*s + 100*ms); !ok {
+		t.Fatal("second probe refused")
+	}
+	if ok, wait := b.AllowAt(6*s + 200*ms); ok || wait != 800*ms {
+		t.Fatalf("third request = %v, %v; want false, 800ms", ok, wait)
+	}
+	// Both probes succeed: closed, with a fresh window.
+	b.ObserveAt(6*s+300*ms, fast)
+	if b.State() != HalfOpen {
+		t.Fatalf("closed after one of two probes: %v", b.State())
+	}
+	b.ObserveAt(6*s+400*ms, fast)
+	if b.State() != Closed {
+		t.Fatalf("state after both probes = %v, want closed", b.State())
+	}
+	if st := b.StatsAt(6*s + 400*ms); st.Total != 0 || st.Failed != 0 {
+		t.Errorf("window not reset on close: %+v", st)
+	}
+	if ok, _ := b.AllowAt(6*s + 500*ms); !ok {
+		t.Error("closed breaker refused")
+	}
+	want := []struct{ from, to State }{{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Closed}}
+	if len(rec.got) != len(want) {
+		t.Fatalf("transitions = %+v, want %d", rec.got, len(want))
+	}
+	for i, w := range want {
+		if rec.got[i].From != w.from || rec.got[i].To != w.to {
+			t.Errorf("transition %d = %v->%v, want %v->%v", i, rec.got[i].From, rec.got[i].To, w.from, w.to)
+		}
+	}
+}
+
+func TestProbeFailureReopens(t *testing.T) {
+	var rec recorder
+	b := openBreaker(t, &rec, 0)
+	b.AllowAt(5 * s)
+	b.AllowAt(5 * s)
+	b.ObserveAt(5*s+10*ms, fast)
+	b.ObserveAt(5*s+20*ms, slow)
+	if b.State() != Open || rec.last().Reason != "probe failed" {
+		t.Fatalf("state %v after failed probe (%+v)", b.State(), rec.last())
+	}
+	// A fresh OpenDuration from the failure.
+	if ok, wait := b.AllowAt(5*s + 20*ms); ok || wait != 5*s {
+		t.Fatalf("AllowAt = %v, %v; want false, 5s", ok, wait)
+	}
+	if ok, _ := b.AllowAt(10*s + 20*ms); !ok || b.State() != HalfOpen {
+		t.Fatalf("not half-open again after the fresh open duration: %v", b.State())
+	}
+}
+
+func TestProbeTimeout(t *testing.T) {
+	var rec recorder
+	b := openBreaker(t, &rec, 0)
+	if ok, _ := b.AllowAt(5 * s); !ok {
+		t.Fatal("probe refused")
+	}
+	// The probe never reports. Just before the timeout: still half-open.
+	if st := b.AdvanceAt(6*s - 1); st != HalfOpen {
+		t.Fatalf("state before probe timeout = %v", st)
+	}
+	// At the timeout it counts as failed: open again for OpenDuration.
+	if ok, wait := b.AllowAt(6 * s); ok || wait != 5*s {
+		t.Fatalf("AllowAt at probe timeout = %v, %v; want false, 5s", ok, wait)
+	}
+	if rec.last().Reason != "probe timeout" || rec.last().From != HalfOpen {
+		t.Errorf("last transition = %+v", rec.last())
+	}
+	// The cycle goes on: half-open again after the fresh open duration.
+	if st := b.AdvanceAt(11 * s); st != HalfOpen {
+		t.Errorf("state at 11s = %v, want half_open", st)
+	}
+}
+
+func TestProbeTimeoutWithSlotsFull(t *testing.T) {
+	var rec recorder
+	b := openBreaker(t, &rec, 0)
+	b.AllowAt(5 * s)
+	b.AllowAt(5*s + 500*ms)
+	b.ObserveAt(5*s+600*ms, fast) // pairs with the oldest probe
+	// The second probe (admitted at 5.5s) is outstanding; refused requests
+	// learn when it times out.
+	if ok, wait := b.AllowAt(6 * s); ok || wait != 500*ms {
+		t.Fatalf("AllowAt(6s) = %v, %v; want false, 500ms", ok, wait)
+	}
+	if st := b.AdvanceAt(6*s + 500*ms); st != Open {
+		t.Fatalf("state after second probe timed out = %v, want open", st)
+	}
+}
+
+func TestStragglerWithoutProbeDoesNotDecide(t *testing.T) {
+	var rec recorder
+	b := openBreaker(t, &rec, 0)
+	// While open, observations are counted but change nothing.
+	b.ObserveAt(1*s, fast)
+	if b.State() != Open {
+		t.Fatalf("observation changed an open breaker: %v", b.State())
+	}
+	if st := b.AdvanceAt(5 * s); st != HalfOpen {
+		t.Fatalf("AdvanceAt(5s) = %v, want half_open", st)
+	}
+	// Half-open with no probe admitted: neither a slow nor a fast
+	// observation decides.
+	b.ObserveAt(5*s+1, slow)
+	b.ObserveAt(5*s+2, fast)
+	b.ObserveAt(5*s+3, fast)
+	if b.State() != HalfOpen {
+		t.Fatalf("straggler decided the half-open breaker: %v", b.State())
+	}
+}
+
+func TestWindowSlides(t *testing.T) {
+	// 10s window in 1s buckets, min 4, ratio 0.5. Three slow requests at
+	// 1.5s; then, at time at, one slow and two fast. While the early slow
+	// requests are inside the window, 4 of 6 are slow and the breaker opens;
+	// once their bucket [1s,2s) has left the window (at 11s) only 1 of 3 is
+	// slow (and fewer than min_requests): it stays closed.
+	tests := []struct {
+		at   time.Duration
+		open bool
+	}{
+		{9 * s, true},
+		{11*s - 1, true}, // window [1s, 11s) still holds the bucket
+		{11 * s, false},  // window [2s, 12s): aged out
+		{30 * s, false},
+	}
+	for _, tt := range tests {
+		b := New(slowConfig(t), nil)
+		for range 3 {
+			b.ObserveAt(1500*ms, slow)
+		}
+		if st := b.StatsAt(tt.at); (st.Total == 3) != tt.open {
+			t.Errorf("at %v: window counts %+v", tt.at, st)
+		}
+		b.ObserveAt(tt.at, fast)
+		b.ObserveAt(tt.at, fast)
+		b.ObserveAt(tt.at, slow)
+		if got := b.State() == Open; got != tt.open {
+			t.Errorf("at %v: open = %v, want %v", tt.at, got, tt.open)
+		}
+	}
+}
+
+func TestWindowPartialSlide(t *testing.T) {
+	// Counts spread across buckets leave one bucket at a time.
+	b := New(slowConfig(t), nil)
+	for i := range 10 {
+		b.ObserveAt(time.Duration(i)*s, fast) // one per bucket, epochs 0..9
+	}
+	for i, want := range []uint64{10, 9, 8, 1, 0} {
+		at := []time.Duration{9 * s, 10 * s, 11 * s, 18 * s, 19 * s}[i]
+		if st := b.StatsAt(at); st.Total != want {
+			t.Errorf("total at %v = %d, want %d", at, st.Total, want)
+		}
+	}
+}
+
+func TestClockSteppingBack(t *testing.T) {
+	b := New(slowConfig(t), nil)
+	b.ObserveAt(5*s, fast)
+	b.ObserveAt(2*s, fast) // earlier reading: counted in the newest bucket
+	if st := b.StatsAt(1 * s); st.Total != 2 {
+		t.Errorf("total = %d, want 2", st.Total)
+	}
+	if st := b.StatsAt(15 * s); st.Total != 0 {
+		t.Errorf("total after the window = %d, want 0", st.Total)
+	}
+}
+
+func TestErrorCountIgnoresSuccessesInWindow(t *testing.T) {
+	b := New(mustConfig(t, descriptors.Breaker{Strategy: "error_count", Threshold: 2, Window: 4 * s, Buckets: 4}), nil)
+	b.ObserveAt(0, Outcome{Status: 502})
+	b.ObserveAt(4*s, Outcome{Status: 502}) // the first has aged out
+	if b.State() != Closed {
+		t.Fatal("opened with an aged-out error")
+	}
+	b.ObserveAt(5*s, Outcome{Aborted: true})
+	if b.State() != Open {
+		t.Fatal("two errors in the window did not open")
+	}
+}

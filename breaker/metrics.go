@@ -1,0 +1,67 @@
+package breaker
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the registry's Prometheus collectors.
+type metrics struct {
+	state        *prometheus.GaugeVec     // rule, resource
+	transitions  *prometheus.CounterVec   // rule, from, to
+	responseTime *prometheus.HistogramVec // rule
+	observations *prometheus.CounterVec   // source
+	dropped      *prometheus.CounterVec   // rule
+}
+
+func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+	m := &metrics{
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "leapgate_breaker_state",
+			Help: "State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: the distinct values of a value-less or wildcard rule, capped per rule).",
+		}, []string{"rule", "resource"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_breaker_transitions_total",
+			Help: "Circuit breaker state changes.",
+		}, []string{"rule", "from", "to"}),
+		responseTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leapgate_breaker_response_time_seconds",
+			Help:    "Response times reported to each circuit breaker rule (aborted and in-flight observations excluded).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"rule"}),
+		observations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_breaker_observations_total",
+			Help: "Response-time observations received, by source (ext_proc, ext_proc_inflight, als, report).",
+		}, []string{"source"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_breaker_dropped_observations_total",
+			Help: "Observations of a new distinct value dropped because the rule has max breakers.",
+		}, []string{"rule"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.state, m.transitions, m.responseTime, m.observations, m.dropped} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("registering breaker metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) setState(rule, resource string, s State) {
+	m.state.WithLabelValues(rule, resource).Set(float64(s))
+}
+
+func (m *metrics) transition(rule string, from, to State) {
+	m.transitions.WithLabelValues(rule, from.String(), to.String()).Inc()
+}
+
+// forget deletes the state series of a rule whose breakers were replaced
+// and, if the rule is gone, its response-time series.
+func (m *metrics) forget(rule string, gone bool) {
+	m.state.DeletePartialMatch(prometheus.Labels{"rule": rule})
+	if gone {
+		m.responseTime.DeletePartialMatch(prometheus.Labels{"rule": rule})
+	}
+}

@@ -1,0 +1,378 @@
+package breaker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/window"
+)
+
+// Options configures a Registry. The zero Options is usable.
+type Options struct {
+	// Clock is the time source (default: a new window.MonotonicClock).
+	Clock window.Clock
+	// Logger receives one line per state change (default: discarded).
+	Logger *slog.Logger
+	// Metrics, if not nil, is where the registry's collectors are registered.
+	Metrics *prometheus.Registry
+	// Mapping turns observations into descriptor entries (defaults:
+	// destination_cluster and route, no headers).
+	Mapping Mapping
+	// MaxBreakersPerRule caps the breakers of one rule with value-less or
+	// wildcard entries (one per distinct value); observations of further
+	// values are dropped and counted (default 1000).
+	MaxBreakersPerRule int
+	// MaxStateSeriesPerRule caps the breakers of one rule exported as state
+	// gauge series; the others appear in Snapshot only (default 100).
+	MaxStateSeriesPerRule int
+}
+
+// Registry holds the breakers of a rule set and routes observations to
+// them. It implements the Breakers contract of package service.
+type Registry struct {
+	clock    window.Clock
+	log      *slog.Logger
+	mapping  Mapping
+	metrics  *metrics
+	maxPer   int
+	maxGauge int
+
+	swap  sync.Mutex // serialises SetRules
+	table atomic.Pointer[table]
+}
+
+type table struct {
+	byRule map[*descriptors.Rule]*ruleBreakers
+	byID   map[string]*ruleBreakers
+	list   []*ruleBreakers // in rule order
+}
+
+// ruleBreakers are the breakers of one breaker rule: a single one when its
+// path is all exact values, else one per distinct value of its value-less
+// and wildcard entries.
+type ruleBreakers struct {
+	reg     *Registry
+	id      string
+	domain  string
+	path    []descriptors.Entry
+	varying []int // indexes of path entries that are value-less or wildcards
+	cfg     Config
+	hist    prometheus.Observer
+	single  *Breaker
+
+	mu      sync.RWMutex
+	byKey   map[string]*Breaker
+	gauges  int // breakers with a state series
+	entries map[*Breaker]string
+}
+
+// NewRegistry returns a registry with no rules.
+func NewRegistry(opts Options) (*Registry, error) {
+	r := &Registry{
+		clock:    opts.Clock,
+		log:      opts.Logger,
+		mapping:  opts.Mapping.withDefaults(),
+		maxPer:   opts.MaxBreakersPerRule,
+		maxGauge: opts.MaxStateSeriesPerRule,
+	}
+	if r.clock == nil {
+		r.clock = window.NewMonotonicClock()
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.maxPer <= 0 {
+		r.maxPer = 1000
+	}
+	if r.maxGauge <= 0 {
+		r.maxGauge = 100
+	}
+	var err error
+	if r.metrics, err = newMetrics(opts.Metrics); err != nil {
+		return nil, err
+	}
+	r.table.Store(&table{})
+	return r, nil
+}
+
+// Clock returns the registry's time source.
+func (r *Registry) Clock() window.Clock { return r.clock }
+
+// Mapping returns the registry's observation-to-entries mapping.
+func (r *Registry) Mapping() Mapping { return r.mapping }
+
+// SetRules replaces the breaker rules with those of rules that carry a
+// Breaker (others are ignored). A rule whose ID, path and breaker
+// configuration are unchanged keeps its breakers and their state; the
+// breakers of other rules start closed. A rule with an invalid
+// circuit_breaker block is skipped and reported in the returned error; the
+// valid ones take effect.
+func (r *Registry) SetRules(rules []*descriptors.Rule) error {
+	r.swap.Lock()
+	defer r.swap.Unlock()
+	old := r.table.Load()
+	next := &table{byRule: make(map[*descriptors.Rule]*ruleBreakers), byID: make(map[string]*ruleBreakers)}
+	var errs []error
+	for _, rule := range rules {
+		if rule.Breaker == nil {
+			continue
+		}
+		cfg, err := NewConfig(*rule.Breaker)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: circuit_breaker of %s: %w", rule.File, rule.Line, rule.ID, err))
+			continue
+		}
+		rb := old.byID[rule.ID]
+		if rb == nil || !rb.cfg.Equal(cfg) || !slices.Equal(rb.path, rule.Path) {
+			rb = r.newRuleBreakers(rule, cfg)
+		}
+		if _, dup := next.byID[rule.ID]; dup {
+			errs = append(errs, fmt.Errorf("%s:%d: duplicate rule id %s", rule.File, rule.Line, rule.ID))
+			continue
+		}
+		next.byRule[rule] = rb
+		next.byID[rule.ID] = rb
+		next.list = append(next.list, rb)
+	}
+	for _, rb := range old.list {
+		if nb := next.byID[rb.id]; nb != rb {
+			r.metrics.forget(rb.id, nb == nil)
+		}
+	}
+	for _, rb := range next.list {
+		if old.byID[rb.id] != rb && rb.single != nil {
+			r.metrics.setState(rb.id, "", Closed)
+		}
+	}
+	r.table.Store(next)
+	return errors.Join(errs...)
+}
+
+func (r *Registry) newRuleBreakers(rule *descriptors.Rule, cfg Config) *ruleBreakers {
+	rb := &ruleBreakers{
+		reg:    r,
+		id:     rule.ID,
+		domain: rule.Domain,
+		path:   slices.Clone(rule.Path),
+		cfg:    cfg,
+		hist:   r.metrics.responseTime.WithLabelValues(rule.ID),
+	}
+	for i, e := range rule.Path {
+		if e.Value == "" || strings.Contains(e.Value, "*") {
+			rb.varying = append(rb.varying, i)
+		}
+	}
+	if len(rb.varying) == 0 {
+		rb.single = New(cfg, rb.onChange("", true))
+	} else {
+		rb.byKey = make(map[string]*Breaker)
+		rb.entries = make(map[*Breaker]string)
+	}
+	return rb
+}
+
+// onChange returns the transition hook of one breaker of rb: one log line,
+// the transition counter and, if labelled, the state gauge.
+func (rb *ruleBreakers) onChange(resource string, labelled bool) func(Transition) {
+	return func(t Transition) {
+		rb.reg.log.Info("circuit breaker state change",
+			"rule", rb.id, "resource", resource, "from", t.From.String(), "to", t.To.String(),
+			"reason", t.Reason, "failed", t.Failed, "total", t.Total)
+		rb.reg.metrics.transition(rb.id, t.From, t.To)
+		if labelled {
+			rb.reg.metrics.setState(rb.id, resource, t.To)
+		}
+	}
+}
+
+// key appends the breaker key of values (aligned with rb.path) to dst: the
+// values of the varying entries, each followed by a NUL byte.
+func (rb *ruleBreakers) key(dst []byte, values []descriptors.Entry) []byte {
+	for _, i := range rb.varying {
+		if i < len(values) {
+			dst = append(dst, values[i].Value...)
+		}
+		dst = append(dst, 0)
+	}
+	return dst
+}
+
+// lookup returns the breaker for values (aligned with rb.path), or nil.
+func (rb *ruleBreakers) lookup(values []descriptors.Entry) *Breaker {
+	if rb.single != nil {
+		return rb.single
+	}
+	var buf [128]byte
+	k := rb.key(buf[:0], values)
+	rb.mu.RLock()
+	b := rb.byKey[string(k)]
+	rb.mu.RUnlock()
+	return b
+}
+
+// get returns the breaker for values, creating it if the rule's cap allows;
+// nil when it does not.
+func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
+	if b := rb.lookup(values); b != nil {
+		return b
+	}
+	var buf [128]byte
+	k := rb.key(buf[:0], values)
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if b := rb.byKey[string(k)]; b != nil {
+		return b
+	}
+	if len(rb.byKey) >= rb.reg.maxPer {
+		rb.reg.metrics.dropped.WithLabelValues(rb.id).Inc()
+		return nil
+	}
+	var resource strings.Builder
+	for n, i := range rb.varying {
+		if n > 0 {
+			resource.WriteByte(',')
+		}
+		resource.WriteString(values[i].Key + "=" + values[i].Value)
+	}
+	labelled := rb.gauges < rb.reg.maxGauge
+	if labelled {
+		rb.gauges++
+		rb.reg.metrics.setState(rb.id, resource.String(), Closed)
+	}
+	b := New(rb.cfg, rb.onChange(resource.String(), labelled))
+	rb.byKey[string(k)] = b
+	rb.entries[b] = resource.String()
+	return b
+}
+
+// Allow reports whether the breaker of rule for the request's entries
+// (which matched rule, one per path entry) admits a request now and, if
+// not, how long until it may. A rule without a breaker, or a distinct value
+// never observed, always passes. In the closed state this costs a map
+// lookup and an atomic load.
+func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, retryAfter time.Duration) {
+	t := r.table.Load()
+	rb := t.byRule[rule]
+	if rb == nil {
+		if rb = t.byID[rule.ID]; rb == nil {
+			return true, 0
+		}
+	}
+	b := rb.lookup(entries)
+	if b == nil || State(b.state.Load()) == Closed {
+		return true, 0
+	}
+	return b.AllowAt(r.clock.Now())
+}
+
+// Target is one breaker an observation feeds.
+type Target struct {
+	rb *ruleBreakers
+	b  *Breaker
+}
+
+// RuleID returns the ID of the target's rule.
+func (t Target) RuleID() string { return t.rb.id }
+
+// Breaker returns the target's breaker.
+func (t Target) Breaker() *Breaker { return t.b }
+
+// Targets appends to dst the breakers that observations like obs feed (its
+// Route, Cluster and Headers are used): those of every breaker rule whose
+// path entries all find an entry of obs (see Mapping) with the same key and
+// a matching value (exact, wildcard, or any for a value-less key). The
+// order of a path does not matter, as an observation has each key once.
+// Breakers of distinct values are created on first use.
+func (r *Registry) Targets(dst []Target, obs *Observation) []Target {
+	t := r.table.Load()
+	if len(t.list) == 0 {
+		return dst
+	}
+	var ebuf [8]descriptors.Entry
+	entries := r.mapping.entries(ebuf[:0], obs)
+	var vbuf [8]descriptors.Entry
+rules:
+	for _, rb := range t.list {
+		values := vbuf[:0]
+		for _, p := range rb.path {
+			i := slices.IndexFunc(entries, func(e descriptors.Entry) bool { return e.Key == p.Key })
+			if i < 0 || !matchValue(p.Value, entries[i].Value) {
+				continue rules
+			}
+			values = append(values, entries[i])
+		}
+		if b := rb.get(values); b != nil {
+			dst = append(dst, Target{rb: rb, b: b})
+		}
+	}
+	return dst
+}
+
+// Observe feeds obs to every breaker it matches (see Targets).
+func (r *Registry) Observe(obs Observation) {
+	var buf [8]Target
+	r.ObserveTargets(r.Targets(buf[:0], &obs), obs)
+}
+
+// ObserveTargets feeds obs to the given targets, as resolved by Targets,
+// and counts it by source.
+func (r *Registry) ObserveTargets(targets []Target, obs Observation) {
+	r.metrics.observations.WithLabelValues(obs.Source).Inc()
+	if len(targets) == 0 {
+		return
+	}
+	now := r.clock.Now()
+	o := obs.outcome()
+	for _, t := range targets {
+		if !o.Aborted && !o.InFlight {
+			t.rb.hist.Observe(o.ResponseTime.Seconds())
+		}
+		t.b.ObserveAt(now, o)
+	}
+}
+
+// AllowTargets reports whether every target admits a request now and, if
+// not, the longest wait among those that refuse. An open breaker refuses
+// before any half-open one is asked, so no probe is taken for a request
+// that is refused anyway; a half-open breaker that admits a probe while
+// another half-open one refuses keeps the slot taken until the probe times
+// out (ProbeTimeout) and reopens it.
+func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Duration) {
+	var now time.Duration
+	read := false
+	for _, t := range targets { // an open breaker refuses without taking probes of the others
+		if State(t.b.state.Load()) == Open {
+			if !read {
+				now, read = r.clock.Now(), true
+			}
+			if until := time.Duration(t.b.until.Load()); now < until {
+				retryAfter = max(retryAfter, until-now)
+			}
+		}
+	}
+	if retryAfter > 0 {
+		return false, retryAfter
+	}
+	ok = true
+	for _, t := range targets {
+		if State(t.b.state.Load()) == Closed {
+			continue
+		}
+		if !read {
+			now, read = r.clock.Now(), true
+		}
+		if allowed, wait := t.b.AllowAt(now); !allowed {
+			ok, retryAfter = false, max(retryAfter, wait)
+		}
+	}
+	return ok, retryAfter
+}
