@@ -106,7 +106,7 @@ func (b *builder) addFile(f *rawFile) {
 		b.errorf(f.name, f.line, "duplicate domain '%s' in config file (first defined at %s)", f.domain, where)
 		return
 	}
-	b.domains[f.domain] = fmt.Sprintf("%s:%d", f.name, f.line)
+	b.domains[f.domain] = location(f.name, f.line)
 	root := &node{}
 	b.addChildren(f, root, f.domain, nil, nil, f.descriptors)
 	b.set.domains[f.domain] = root
@@ -134,7 +134,11 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 		}
 		id := parentID + "." + composite
 		if first, dup := seen[composite]; dup {
-			b.errorf(f.name, d.line, "duplicate descriptor composite key '%s' (first at line %d)", id, first)
+			if first > 0 {
+				b.errorf(f.name, d.line, "duplicate descriptor composite key '%s' (first at line %d)", id, first)
+			} else {
+				b.errorf(f.name, d.line, "duplicate descriptor composite key '%s'", id)
+			}
 			continue
 		}
 		seen[composite] = d.line
@@ -165,8 +169,8 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 		}
 		b.addLimits(f, d, rule)
 		if other, dup := b.ids[id]; dup {
-			b.errorf(f.name, d.line, "descriptor id '%s' is also the id of the descriptor at %s:%d (keys or values containing '.' or '_' make paths ambiguous)",
-				id, other.File, other.Line)
+			b.errorf(f.name, d.line, "descriptor id '%s' is also the id of the descriptor at %s (keys or values containing '.' or '_' make paths ambiguous)",
+				id, location(other.File, other.Line))
 			continue
 		}
 		b.ids[id] = rule
@@ -301,6 +305,14 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 		return l, false
 	}
 	return l, true
+}
+
+// location renders file:line, or file alone when the line is unknown.
+func location(file string, line int) string {
+	if line > 0 {
+		return fmt.Sprintf("%s:%d", file, line)
+	}
+	return file
 }
 
 // reportingUnit returns the largest unit whose length divides w and the
