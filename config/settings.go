@@ -111,8 +111,16 @@ type Settings struct {
 	// counted as near_limit in the metrics.
 	NearLimitRatio float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
 	// WindowBuckets is the number of buckets per window for rules that do
-	// not choose one; every rule's window length must divide evenly.
+	// not choose one. It must divide one second (in nanoseconds) exactly, so
+	// that every unit's window splits evenly.
 	WindowBuckets int `envconfig:"WINDOW_BUCKETS" default:"20"`
+	// MaxKeys bounds the number of counters the in-memory backend holds;
+	// beyond it the least recently used is evicted (counted in
+	// ratelimit_memory_evictions_total). 0 means no bound.
+	MaxKeys int `envconfig:"MAX_KEYS" default:"1000000"`
+	// SweepInterval is how often the in-memory backend reclaims counters
+	// with nothing left inside their window.
+	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"10s"`
 	// BackendType chooses where windows live: "memory" (this process).
 	// The Redis engineer adds "redis" and a Redis settings struct in
 	// config/redis.go (embed it here as `Redis RedisSettings`).
@@ -278,8 +286,14 @@ func (s Settings) Validate() error {
 	if !(s.NearLimitRatio > 0 && s.NearLimitRatio <= 1) {
 		bad("NEAR_LIMIT_RATIO", "%v is outside (0, 1]", s.NearLimitRatio)
 	}
-	if s.WindowBuckets < 1 {
-		bad("WINDOW_BUCKETS", "must be at least 1, got %d", s.WindowBuckets)
+	if s.MaxKeys < 0 {
+		bad("MAX_KEYS", "must not be negative, got %d", s.MaxKeys)
+	}
+	if s.SweepInterval <= 0 {
+		bad("SWEEP_INTERVAL", "must be positive, got %v", s.SweepInterval)
+	}
+	if s.WindowBuckets < 1 || int64(time.Second)%int64(s.WindowBuckets) != 0 {
+		bad("WINDOW_BUCKETS", "%d does not divide one second into equal buckets", s.WindowBuckets)
 	}
 	switch s.BackendType {
 	case BackendMemory:
@@ -303,25 +317,35 @@ func (s Settings) NewLogger(w io.Writer) *slog.Logger {
 
 // String lists every setting as NAME=value in declaration order, with the
 // value of every field tagged `secret:"true"` replaced by "<redacted>"
-// (or "" when unset), so the result is safe to log.
+// (left empty when unset), so the result is safe to log.
 func (s Settings) String() string {
 	var b strings.Builder
-	writeFields(&b, reflect.ValueOf(s))
+	for _, a := range settingAttrs(reflect.ValueOf(s), nil) {
+		fmt.Fprintf(&b, "%s=%s ", a.Key, a.Value.String())
+	}
 	return strings.TrimSuffix(b.String(), " ")
 }
 
-func writeFields(b *strings.Builder, v reflect.Value) {
+// LogValue implements slog.LogValuer: a group of NAME=value attributes with
+// secrets redacted as in String.
+func (s Settings) LogValue() slog.Value {
+	return slog.GroupValue(settingAttrs(reflect.ValueOf(s), nil)...)
+}
+
+// settingAttrs appends one attribute per field of the struct v (recursing
+// into nested structs), named by its envconfig tag.
+func settingAttrs(v reflect.Value, attrs []slog.Attr) []slog.Attr {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f, fv := t.Field(i), v.Field(i)
 		if !f.IsExported() {
 			continue
 		}
-		name := f.Tag.Get("envconfig")
-		if fv.Kind() == reflect.Struct && fv.Type() != reflect.TypeOf(time.Time{}) {
-			writeFields(b, fv)
+		if fv.Kind() == reflect.Struct {
+			attrs = settingAttrs(fv, attrs)
 			continue
 		}
+		name := f.Tag.Get("envconfig")
 		if name == "" {
 			name = f.Name
 		}
@@ -329,6 +353,7 @@ func writeFields(b *strings.Builder, v reflect.Value) {
 		if f.Tag.Get("secret") == "true" && !fv.IsZero() {
 			value = "<redacted>"
 		}
-		fmt.Fprintf(b, "%s=%q ", name, value)
+		attrs = append(attrs, slog.String(name, value))
 	}
+	return attrs
 }

@@ -88,6 +88,7 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"NEAR_LIMIT_RATIO": "1.5"}, "NEAR_LIMIT_RATIO"},
 		{map[string]string{"NEAR_LIMIT_RATIO": "0"}, "NEAR_LIMIT_RATIO"},
 		{map[string]string{"WINDOW_BUCKETS": "0"}, "WINDOW_BUCKETS"},
+		{map[string]string{"WINDOW_BUCKETS": "7"}, "WINDOW_BUCKETS: 7 does not divide"},
 		{map[string]string{"BACKEND_TYPE": "memcache"}, "BACKEND_TYPE"},
 		{map[string]string{"DRAIN_TIMEOUT": "-1s"}, "DRAIN_TIMEOUT"},
 		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "0s"}, "GRPC_MAX_CONNECTION_AGE"},
@@ -98,6 +99,8 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"MAX_DESCRIPTOR_KEY_LENGTH": "0"}, "MAX_DESCRIPTOR_KEY_LENGTH"},
 		{map[string]string{"MAX_DESCRIPTOR_VALUE_LENGTH": "0"}, "MAX_DESCRIPTOR_VALUE_LENGTH"},
 		{map[string]string{"RUNTIME_ROOT": ""}, "RUNTIME_ROOT"},
+		{map[string]string{"MAX_KEYS": "-1"}, "MAX_KEYS"},
+		{map[string]string{"SWEEP_INTERVAL": "0s"}, "SWEEP_INTERVAL"},
 		{map[string]string{"GRPC_SERVER_USE_TLS": "true"}, "GRPC_SERVER_TLS_CERT: required"},
 		{map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem"}, "GRPC_SERVER_TLS_KEY: required"},
 		{map[string]string{"GRPC_CLIENT_TLS_CACERT": "ca.pem"}, "GRPC_CLIENT_TLS_CACERT"},
@@ -133,22 +136,26 @@ func TestStringRedactsSecrets(t *testing.T) {
 		Empty    string `envconfig:"INNER_EMPTY" secret:"true"`
 		URL      string `envconfig:"INNER_URL"`
 	}
-	var b strings.Builder
-	writeFields(&b, reflect.ValueOf(struct {
+	attrs := settingAttrs(reflect.ValueOf(struct {
 		Port  int `envconfig:"PORT"`
 		Inner inner
-	}{Port: 1, Inner: inner{Password: "hunter2", URL: "redis:6379"}}))
-	got := b.String()
+	}{Port: 1, Inner: inner{Password: "hunter2", URL: "redis:6379"}}), nil)
+	got := slog.GroupValue(attrs...).String()
 	if strings.Contains(got, "hunter2") {
 		t.Errorf("dump leaks a secret: %s", got)
 	}
-	for _, want := range []string{`PORT="1"`, `INNER_PASSWORD="<redacted>"`, `INNER_EMPTY=""`, `INNER_URL="redis:6379"`} {
+	for _, want := range []string{"PORT=1", "INNER_PASSWORD=<redacted>", "INNER_EMPTY= ", "INNER_URL=redis:6379"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("dump %s lacks %s", got, want)
 		}
 	}
-	if d := Defaults().String(); !strings.Contains(d, `GRPC_PORT="8081"`) || !strings.Contains(d, `DEBUG_HOST="127.0.0.1"`) {
+	if d := Defaults().String(); !strings.Contains(d, "GRPC_PORT=8081") || !strings.Contains(d, "DEBUG_HOST=127.0.0.1") {
 		t.Errorf("Settings.String() = %s", d)
+	}
+	var b strings.Builder
+	Defaults().NewLogger(&b).Info("starting", "settings", Defaults())
+	if !strings.Contains(b.String(), "settings.GRPC_PORT=8081") {
+		t.Errorf("logged settings: %s", b.String())
 	}
 }
 

@@ -1,0 +1,160 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// BackendRedis keeps every window in Redis (package redisstore), shared by
+// all replicas.
+const BackendRedis = "redis"
+
+// Redis deployment types accepted by REDIS_TYPE (case-insensitive).
+const (
+	RedisSingle   = "single"
+	RedisSentinel = "sentinel"
+	RedisCluster  = "cluster"
+)
+
+// Redis failure modes accepted by REDIS_FAILURE_MODE: what a request gets
+// when Redis cannot be reached.
+const (
+	// RedisFailError returns an error, so that Envoy's failure_mode_deny decides.
+	RedisFailError = "error"
+	// RedisFailAllow admits every request without counting it.
+	RedisFailAllow = "allow"
+	// RedisFailDeny refuses every request.
+	RedisFailDeny = "deny"
+	// RedisFailLocal falls back to this replica's in-memory windows until
+	// Redis is back.
+	RedisFailLocal = "local"
+)
+
+// Redis holds the settings of the Redis backend (BACKEND_TYPE=redis). The
+// names are envoyproxy/ratelimit's where the meaning is the same; the
+// defaults differ where theirs hurt (REDIS_SOCKET_TYPE tcp rather than unix,
+// REDIS_TIMEOUT 100ms rather than 10s).
+//
+// String and LogValue mask the passwords; fields tagged `secret:"true"` are
+// masked by Settings.String too.
+type Redis struct {
+	// SocketType is tcp or unix (for unix, URL is the socket path).
+	SocketType string `envconfig:"REDIS_SOCKET_TYPE" default:"tcp"`
+	// URL is the address: host:port (single), master,host:port,...
+	// (sentinel: the master's name, then the sentinels) or host:port,...
+	// (cluster: any subset of the nodes).
+	URL string `envconfig:"REDIS_URL" default:"localhost:6379"`
+	// Type is single, sentinel or cluster.
+	Type string `envconfig:"REDIS_TYPE" default:"single"`
+	// Auth is the password, or user:password for an ACL user.
+	Auth string `envconfig:"REDIS_AUTH" secret:"true"`
+	// SentinelAuth is the sentinels' password, or user:password.
+	SentinelAuth string `envconfig:"REDIS_SENTINEL_AUTH" secret:"true"`
+	// TLS turns TLS on for connections to Redis.
+	TLS bool `envconfig:"REDIS_TLS" default:"false"`
+	// TLSClientCert and TLSClientKey are PEM files of a client certificate
+	// and key presented to Redis (both or neither).
+	TLSClientCert string `envconfig:"REDIS_TLS_CLIENT_CERT"`
+	TLSClientKey  string `envconfig:"REDIS_TLS_CLIENT_KEY"`
+	// TLSCACert is a PEM file of the CAs that sign Redis's certificate
+	// (default: the system roots).
+	TLSCACert string `envconfig:"REDIS_TLS_CACERT"`
+	// TLSSkipHostnameVerification still verifies the certificate chain but
+	// not that the certificate names the host dialled.
+	TLSSkipHostnameVerification bool `envconfig:"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" default:"false"`
+	// PoolSize is the number of connections per Redis node.
+	PoolSize int `envconfig:"REDIS_POOL_SIZE" default:"10"`
+	// Timeout bounds dialling, each read and write, and the wait for a
+	// pooled connection. Short, so that a dead Redis costs a request at most
+	// this long (and, once the health check notices, nothing at all).
+	Timeout time.Duration `envconfig:"REDIS_TIMEOUT" default:"100ms"`
+	// CacheKeyPrefix is put in front of every key, so that several
+	// deployments can share one Redis.
+	CacheKeyPrefix string `envconfig:"CACHE_KEY_PREFIX"`
+	// LocalCacheSizeInBytes, when positive, bounds a per-replica cache of
+	// keys known to be over their limit: until the time they could pass
+	// again, such a key is refused without asking Redis. 0 turns it off.
+	LocalCacheSizeInBytes int `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
+	// FailureMode is what requests get while Redis cannot be reached:
+	// error, allow, deny or local.
+	FailureMode string `envconfig:"REDIS_FAILURE_MODE" default:"error"`
+}
+
+// Validate reports every invalid Redis setting at once, naming the variable.
+func (r Redis) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	switch strings.ToLower(r.SocketType) {
+	case "tcp", "unix":
+	default:
+		bad("REDIS_SOCKET_TYPE", "%q is neither tcp nor unix", r.SocketType)
+	}
+	typ := strings.ToLower(r.Type)
+	switch typ {
+	case RedisSingle, RedisSentinel, RedisCluster:
+	default:
+		bad("REDIS_TYPE", "%q is not single, sentinel or cluster", r.Type)
+	}
+	if typ != RedisSingle && strings.EqualFold(r.SocketType, "unix") {
+		bad("REDIS_SOCKET_TYPE", "unix sockets work only with REDIS_TYPE=single")
+	}
+	if strings.TrimSpace(r.URL) == "" {
+		bad("REDIS_URL", "must not be empty")
+	} else if typ == RedisSentinel && len(strings.Split(r.URL, ",")) < 2 {
+		bad("REDIS_URL", "sentinel needs master-name,host:port[,host:port...], got %q", r.URL)
+	}
+	if r.SentinelAuth != "" && typ != RedisSentinel {
+		bad("REDIS_SENTINEL_AUTH", "set but REDIS_TYPE is %q", r.Type)
+	}
+	if (r.TLSClientCert == "") != (r.TLSClientKey == "") {
+		bad("REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together")
+	}
+	if !r.TLS && (r.TLSClientCert != "" || r.TLSCACert != "" || r.TLSSkipHostnameVerification) {
+		bad("REDIS_TLS", "TLS options are set but REDIS_TLS is false")
+	}
+	if r.PoolSize < 1 {
+		bad("REDIS_POOL_SIZE", "must be at least 1, got %d", r.PoolSize)
+	}
+	if r.Timeout <= 0 {
+		bad("REDIS_TIMEOUT", "must be positive, got %v", r.Timeout)
+	}
+	if r.LocalCacheSizeInBytes < 0 {
+		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative, got %d", r.LocalCacheSizeInBytes)
+	}
+	if strings.ContainsAny(r.CacheKeyPrefix, "{}") {
+		bad("CACHE_KEY_PREFIX", "must not contain { or } (they would change the Redis Cluster hash slot)")
+	}
+	switch strings.ToLower(r.FailureMode) {
+	case RedisFailError, RedisFailAllow, RedisFailDeny, RedisFailLocal:
+	default:
+		bad("REDIS_FAILURE_MODE", "%q is not error, allow, deny or local", r.FailureMode)
+	}
+	return errors.Join(errs...)
+}
+
+// String describes the settings with the passwords masked, so that the
+// result is safe to log.
+func (r Redis) String() string {
+	return fmt.Sprintf("type=%s socket=%s url=%s auth=%s sentinel_auth=%s tls=%t pool=%d timeout=%v prefix=%q local_cache_bytes=%d failure_mode=%s",
+		r.Type, r.SocketType, r.URL, mask(r.Auth), mask(r.SentinelAuth), r.TLS,
+		r.PoolSize, r.Timeout, r.CacheKeyPrefix, r.LocalCacheSizeInBytes, r.FailureMode)
+}
+
+// GoString masks the passwords in %#v too.
+func (r Redis) GoString() string { return "config.Redis{" + r.String() + "}" }
+
+// LogValue logs the settings with the passwords masked.
+func (r Redis) LogValue() slog.Value { return slog.StringValue(r.String()) }
+
+// mask hides a secret but says whether one is set.
+func mask(secret string) string {
+	if secret == "" {
+		return `""`
+	}
+	return "<redacted>"
+}

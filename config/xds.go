@@ -1,0 +1,87 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Rule sources accepted by CONFIG_TYPE.
+const (
+	// ConfigFile reads rules from the rule directory and reloads them on change.
+	ConfigFile = "FILE"
+	// ConfigXDS subscribes to rules from an xDS management server (SotW ADS).
+	ConfigXDS = "GRPC_XDS_SOTW"
+)
+
+// XDS holds the settings of the xDS rule source (CONFIG_TYPE=GRPC_XDS_SOTW),
+// with envoyproxy/ratelimit's names.
+type XDS struct {
+	// ConfigType is FILE (the default) or GRPC_XDS_SOTW.
+	ConfigType string `envconfig:"CONFIG_TYPE" default:"FILE"`
+	// ServerURL is the management server's address (host:port).
+	ServerURL string `envconfig:"CONFIG_GRPC_XDS_SERVER_URL" default:"localhost:18000"`
+	// NodeID is the node id this service presents to the management server.
+	NodeID string `envconfig:"CONFIG_GRPC_XDS_NODE_ID" default:"default"`
+	// NodeMetadata is key=value pairs, comma separated, sent as node metadata.
+	NodeMetadata string `envconfig:"CONFIG_GRPC_XDS_NODE_METADATA"`
+	// ServerUseTLS turns TLS on towards the management server.
+	ServerUseTLS bool `envconfig:"CONFIG_GRPC_XDS_SERVER_USE_TLS" default:"false"`
+	// ClientTLSCert and ClientTLSKey are a client certificate and key (PEM)
+	// presented to the management server (both or neither).
+	ClientTLSCert string `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_CERT"`
+	ClientTLSKey  string `envconfig:"CONFIG_GRPC_XDS_CLIENT_TLS_KEY"`
+	// ServerTLSCACert is the CA (PEM) that signed the server's certificate;
+	// empty uses the system roots.
+	ServerTLSCACert string `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_CACERT"`
+	// ServerTLSSAN, when set, is the name the server certificate must carry.
+	ServerTLSSAN string `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_SAN"`
+	// BackoffInitial and BackoffMax bound the exponential reconnection delay.
+	BackoffInitial time.Duration `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"1s"`
+	BackoffMax     time.Duration `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
+}
+
+// Metadata parses NodeMetadata into a map.
+func (x XDS) Metadata() (map[string]string, error) {
+	out := map[string]string{}
+	for _, pair := range strings.Split(x.NodeMetadata, ",") {
+		if strings.TrimSpace(pair) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("CONFIG_GRPC_XDS_NODE_METADATA: %q is not key=value", pair)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}
+
+// Validate reports every invalid xDS setting at once.
+func (x XDS) Validate() error {
+	var errs []error
+	switch x.ConfigType {
+	case ConfigFile:
+		return nil
+	case ConfigXDS:
+	default:
+		return fmt.Errorf("CONFIG_TYPE: %q is neither %s nor %s", x.ConfigType, ConfigFile, ConfigXDS)
+	}
+	if x.ServerURL == "" {
+		errs = append(errs, errors.New("CONFIG_GRPC_XDS_SERVER_URL: must be set when CONFIG_TYPE=GRPC_XDS_SOTW"))
+	}
+	if x.NodeID == "" {
+		errs = append(errs, errors.New("CONFIG_GRPC_XDS_NODE_ID: must not be empty"))
+	}
+	if (x.ClientTLSCert == "") != (x.ClientTLSKey == "") {
+		errs = append(errs, errors.New("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY: set both or neither"))
+	}
+	if x.BackoffInitial <= 0 || x.BackoffMax < x.BackoffInitial {
+		errs = append(errs, fmt.Errorf("XDS_CLIENT_BACKOFF_*: need 0 < initial (%v) <= max (%v)", x.BackoffInitial, x.BackoffMax))
+	}
+	if _, err := x.Metadata(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
