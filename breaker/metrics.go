@@ -13,6 +13,16 @@ type metrics struct {
 	responseTime *prometheus.HistogramVec // rule
 	observations *prometheus.CounterVec   // source
 	dropped      *prometheus.CounterVec   // rule
+	bySource     map[string]prometheus.Counter
+}
+
+// observed counts one observation of source.
+func (m *metrics) observed(source string) {
+	if c := m.bySource[source]; c != nil {
+		c.Inc()
+		return
+	}
+	m.observations.WithLabelValues(source).Inc()
 }
 
 func newMetrics(reg *prometheus.Registry) (*metrics, error) {
@@ -38,6 +48,10 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 			Name: "leapgate_breaker_dropped_observations_total",
 			Help: "Observations of a new distinct value dropped because the rule has max breakers.",
 		}, []string{"rule"}),
+	}
+	m.bySource = make(map[string]prometheus.Counter)
+	for _, src := range []string{SourceExtProc, SourceExtProcInFlight, SourceALS, SourceReport} {
+		m.bySource[src] = m.observations.WithLabelValues(src)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.state, m.transitions, m.responseTime, m.observations, m.dropped} {

@@ -51,6 +51,7 @@ type Registry struct {
 }
 
 type table struct {
+	set    *descriptors.Set
 	byRule map[*descriptors.Rule]*ruleBreakers
 	byID   map[string]*ruleBreakers
 	list   []*ruleBreakers // in rule order
@@ -61,10 +62,11 @@ type table struct {
 // and wildcard entries.
 type ruleBreakers struct {
 	reg     *Registry
+	rule    *descriptors.Rule // the rule as first loaded: its AppendKey keys the breakers
 	id      string
 	domain  string
 	path    []descriptors.Entry
-	varying []int // indexes of path entries that are value-less or wildcards
+	varying bool // a breaker per distinct value of value-less and unshared wildcard entries
 	cfg     Config
 	hist    prometheus.Observer
 	single  *Breaker
@@ -110,19 +112,19 @@ func (r *Registry) Clock() window.Clock { return r.clock }
 // Mapping returns the registry's observation-to-entries mapping.
 func (r *Registry) Mapping() Mapping { return r.mapping }
 
-// SetRules replaces the breaker rules with those of rules that carry a
-// Breaker (others are ignored). A rule whose ID, path and breaker
-// configuration are unchanged keeps its breakers and their state; the
-// breakers of other rules start closed. A rule with an invalid
-// circuit_breaker block is skipped and reported in the returned error; the
-// valid ones take effect.
-func (r *Registry) SetRules(rules []*descriptors.Rule) error {
+// SetRules replaces the breaker rules with those of set that carry a
+// Breaker (call it with every newly loaded set). A rule whose ID, path,
+// share_threshold and breaker configuration are unchanged keeps its
+// breakers and their state; the breakers of other rules start closed. A
+// rule with an invalid circuit_breaker block is skipped and reported in the
+// returned error; the valid ones take effect.
+func (r *Registry) SetRules(set *descriptors.Set) error {
 	r.swap.Lock()
 	defer r.swap.Unlock()
 	old := r.table.Load()
-	next := &table{byRule: make(map[*descriptors.Rule]*ruleBreakers), byID: make(map[string]*ruleBreakers)}
+	next := &table{set: set, byRule: make(map[*descriptors.Rule]*ruleBreakers), byID: make(map[string]*ruleBreakers)}
 	var errs []error
-	for _, rule := range rules {
+	for _, rule := range set.Rules() {
 		if rule.Breaker == nil {
 			continue
 		}
@@ -132,7 +134,7 @@ func (r *Registry) SetRules(rules []*descriptors.Rule) error {
 			continue
 		}
 		rb := old.byID[rule.ID]
-		if rb == nil || !rb.cfg.Equal(cfg) || !slices.Equal(rb.path, rule.Path) {
+		if rb == nil || !rb.cfg.Equal(cfg) || !slices.Equal(rb.path, rule.Path) || rb.rule.ShareThreshold != rule.ShareThreshold {
 			rb = r.newRuleBreakers(rule, cfg)
 		}
 		if _, dup := next.byID[rule.ID]; dup {
@@ -160,18 +162,19 @@ func (r *Registry) SetRules(rules []*descriptors.Rule) error {
 func (r *Registry) newRuleBreakers(rule *descriptors.Rule, cfg Config) *ruleBreakers {
 	rb := &ruleBreakers{
 		reg:    r,
+		rule:   rule,
 		id:     rule.ID,
 		domain: rule.Domain,
 		path:   slices.Clone(rule.Path),
 		cfg:    cfg,
 		hist:   r.metrics.responseTime.WithLabelValues(rule.ID),
 	}
-	for i, e := range rule.Path {
-		if e.Value == "" || strings.Contains(e.Value, "*") {
-			rb.varying = append(rb.varying, i)
+	for _, e := range rule.Path {
+		if e.Value == "" || (strings.Contains(e.Value, "*") && !rule.ShareThreshold) {
+			rb.varying = true
 		}
 	}
-	if len(rb.varying) == 0 {
+	if !rb.varying {
 		rb.single = New(cfg, rb.onChange("", true))
 	} else {
 		rb.byKey = make(map[string]*Breaker)
@@ -194,25 +197,13 @@ func (rb *ruleBreakers) onChange(resource string, labelled bool) func(Transition
 	}
 }
 
-// key appends the breaker key of values (aligned with rb.path) to dst: the
-// values of the varying entries, each followed by a NUL byte.
-func (rb *ruleBreakers) key(dst []byte, values []descriptors.Entry) []byte {
-	for _, i := range rb.varying {
-		if i < len(values) {
-			dst = append(dst, values[i].Value...)
-		}
-		dst = append(dst, 0)
-	}
-	return dst
-}
-
 // lookup returns the breaker for values (aligned with rb.path), or nil.
 func (rb *ruleBreakers) lookup(values []descriptors.Entry) *Breaker {
 	if rb.single != nil {
 		return rb.single
 	}
-	var buf [128]byte
-	k := rb.key(buf[:0], values)
+	var buf [256]byte
+	k := rb.rule.AppendKey(buf[:0], values)
 	rb.mu.RLock()
 	b := rb.byKey[string(k)]
 	rb.mu.RUnlock()
@@ -225,8 +216,8 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 	if b := rb.lookup(values); b != nil {
 		return b
 	}
-	var buf [128]byte
-	k := rb.key(buf[:0], values)
+	var buf [256]byte
+	k := rb.rule.AppendKey(buf[:0], values)
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
 	if b := rb.byKey[string(k)]; b != nil {
@@ -237,11 +228,13 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 		return nil
 	}
 	var resource strings.Builder
-	for n, i := range rb.varying {
-		if n > 0 {
-			resource.WriteByte(',')
+	for i, p := range rb.path {
+		if i < len(values) && (p.Value == "" || (strings.Contains(p.Value, "*") && !rb.rule.ShareThreshold)) {
+			if resource.Len() > 0 {
+				resource.WriteByte(',')
+			}
+			resource.WriteString(values[i].Key + "=" + values[i].Value)
 		}
-		resource.WriteString(values[i].Key + "=" + values[i].Value)
 	}
 	labelled := rb.gauges < rb.reg.maxGauge
 	if labelled {
@@ -289,9 +282,12 @@ func (t Target) Breaker() *Breaker { return t.b }
 // Targets appends to dst the breakers that observations like obs feed (its
 // Route, Cluster and Headers are used): those of every breaker rule whose
 // path entries all find an entry of obs (see Mapping) with the same key and
-// a matching value (exact, wildcard, or any for a value-less key). The
-// order of a path does not matter, as an observation has each key once.
-// Breakers of distinct values are created on first use.
+// a matching value (exact, wildcard, or any for a value-less key), and
+// which the rule set's Match would pick for those entries taken in the
+// rule's path order (so an exact sibling shadows a value-less rule, as it
+// does for rate-limit requests). The order of the observation's entries does
+// not matter, as an observation has each key once. Breakers of distinct
+// values are created on first use.
 func (r *Registry) Targets(dst []Target, obs *Observation) []Target {
 	t := r.table.Load()
 	if len(t.list) == 0 {
@@ -310,6 +306,9 @@ rules:
 			}
 			values = append(values, entries[i])
 		}
+		if m := t.set.Match(rb.domain, values); t.byRule[m] != rb {
+			continue // a more specific sibling answers these requests
+		}
 		if b := rb.get(values); b != nil {
 			dst = append(dst, Target{rb: rb, b: b})
 		}
@@ -326,7 +325,7 @@ func (r *Registry) Observe(obs Observation) {
 // ObserveTargets feeds obs to the given targets, as resolved by Targets,
 // and counts it by source.
 func (r *Registry) ObserveTargets(targets []Target, obs Observation) {
-	r.metrics.observations.WithLabelValues(obs.Source).Inc()
+	r.metrics.observed(obs.Source)
 	if len(targets) == 0 {
 		return
 	}

@@ -1,0 +1,449 @@
+package breaker
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/leapgate/leapgate/descriptors"
+)
+
+// fakeClock is a window.Clock the test moves by hand.
+type fakeClock struct{ now atomic.Int64 }
+
+func (c *fakeClock) Now() time.Duration       { return time.Duration(c.now.Load()) }
+func (c *fakeClock) Set(d time.Duration)      { c.now.Store(int64(d)) }
+func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
+
+const rulesYAML = `
+domain: breaker
+descriptors:
+  - key: destination_cluster
+    value: orders
+    circuit_breaker:
+      strategy: error_ratio
+      threshold: 0.5
+      min_requests: 2
+      open_duration: 5s
+  - key: destination_cluster
+    value: payments
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: destination_cluster
+    circuit_breaker:
+      strategy: error_count
+      threshold: 2
+      open_duration: 5s
+  - key: route
+    value: checkout
+    descriptors:
+      - key: destination_cluster
+        value: backend
+        circuit_breaker:
+          strategy: slow_request_ratio
+          threshold: 0.5
+          max_response_time: 100ms
+          min_requests: 2
+          open_duration: 5s
+  - key: user
+    value: "vip*"
+    circuit_breaker:
+      strategy: error_count
+      threshold: 1
+`
+
+func parseSet(t testing.TB, yaml string) *descriptors.Set {
+	t.Helper()
+	set, err := descriptors.Parse([]descriptors.File{{Name: "rules.yaml", Data: []byte(yaml)}})
+	if err != nil {
+		t.Fatalf("parse rules: %v", err)
+	}
+	return set
+}
+
+func newTestRegistry(t testing.TB, yaml string, opts Options) (*Registry, *fakeClock, *descriptors.Set) {
+	t.Helper()
+	clock := &fakeClock{}
+	clock.Set(time.Hour)
+	opts.Clock = clock
+	r, err := NewRegistry(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := parseSet(t, yaml)
+	if err := r.SetRules(set); err != nil {
+		t.Fatalf("SetRules: %v", err)
+	}
+	return r, clock, set
+}
+
+func entries(kv ...string) []descriptors.Entry {
+	var out []descriptors.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, descriptors.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+// allow asks the registry as ShouldRateLimit does: Match, then Allow.
+func allow(t *testing.T, r *Registry, set *descriptors.Set, kv ...string) (bool, time.Duration) {
+	t.Helper()
+	es := entries(kv...)
+	rule := set.Match("breaker", es)
+	if rule == nil || rule.Breaker == nil {
+		return true, 0
+	}
+	return r.Allow(rule, es)
+}
+
+func TestObservationMapping(t *testing.T) {
+	headers := []HeaderKey{{Header: "x-user-id", Key: "user"}}
+	tests := []struct {
+		name string
+		obs  Observation
+		want []string // rule IDs fed
+	}{
+		{"exact cluster shadows value-less", Observation{Cluster: "orders"}, []string{"breaker.destination_cluster_orders"}},
+		{"value-less cluster", Observation{Cluster: "inventory"}, []string{"breaker.destination_cluster"}},
+		{"sibling without breaker shadows value-less", Observation{Cluster: "payments"}, nil},
+		{"route and cluster", Observation{Route: "checkout", Cluster: "backend"},
+			[]string{"breaker.destination_cluster", "breaker.route_checkout.destination_cluster_backend"}},
+		{"route alone", Observation{Route: "checkout"}, nil},
+		{"other route", Observation{Route: "browse", Cluster: "backend"}, []string{"breaker.destination_cluster"}},
+		{"header wildcard", Observation{Headers: entries("x-user-id", "vip-7")}, []string{"breaker.user_vip*"}},
+		{"header not matching", Observation{Headers: entries("x-user-id", "bob")}, nil},
+		{"unconfigured header", Observation{Headers: entries("user", "vip-7")}, nil},
+	}
+	r, _, _ := newTestRegistry(t, rulesYAML, Options{Mapping: Mapping{Headers: headers}})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, tg := range r.Targets(nil, &tt.obs) {
+				got = append(got, tg.RuleID())
+			}
+			if strings.Join(got, " ") != strings.Join(tt.want, " ") {
+				t.Errorf("targets = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestCustomMappingKeys(t *testing.T) {
+	r, _, set := newTestRegistry(t, `
+domain: d
+descriptors:
+  - key: upstream
+    value: a
+    circuit_breaker: {strategy: error_count, threshold: 1}
+`, Options{Mapping: Mapping{ClusterKey: "upstream"}})
+	r.Observe(Observation{Cluster: "a", Status: 500})
+	es := entries("upstream", "a")
+	if ok, _ := r.Allow(set.Match("d", es), es); ok {
+		t.Error("breaker keyed by a custom cluster key did not open")
+	}
+}
+
+func TestRegistryEnforcesAndRecovers(t *testing.T) {
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{})
+	// Envoy's descriptor for the stage-1 action pair: route, then cluster.
+	desc := []string{"route", "checkout", "destination_cluster", "backend"}
+	if ok, _ := allow(t, r, set, desc...); !ok {
+		t.Fatal("fresh breaker refused")
+	}
+	r.Observe(Observation{Route: "checkout", Cluster: "backend", ResponseTime: 300 * ms, Status: 200})
+	r.Observe(Observation{Route: "checkout", Cluster: "backend", ResponseTime: 300 * ms, Status: 200})
+	ok, wait := allow(t, r, set, desc...)
+	if ok || wait != 5*s {
+		t.Fatalf("after 2 slow: Allow = %v, %v; want false, 5s", ok, wait)
+	}
+	clock.Advance(5 * s)
+	if ok, _ := allow(t, r, set, desc...); !ok {
+		t.Fatal("half-open probe refused")
+	}
+	if ok, _ := allow(t, r, set, desc...); ok {
+		t.Fatal("second request admitted with one probe slot")
+	}
+	r.Observe(Observation{Route: "checkout", Cluster: "backend", ResponseTime: 20 * ms, Status: 200, Source: SourceALS})
+	if ok, _ := allow(t, r, set, desc...); !ok {
+		t.Fatal("not closed after the probe succeeded")
+	}
+}
+
+func TestDistinctValueBreakers(t *testing.T) {
+	r, _, set := newTestRegistry(t, rulesYAML, Options{})
+	for range 2 {
+		r.Observe(Observation{Cluster: "inventory", Status: 503})
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "inventory"); ok {
+		t.Error("inventory breaker did not open after 2 errors")
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "search"); !ok {
+		t.Error("search shares inventory's breaker")
+	}
+	r.Observe(Observation{Cluster: "search", Status: 503})
+	if ok, _ := allow(t, r, set, "destination_cluster", "search"); !ok {
+		t.Error("search opened after one error")
+	}
+	snap := r.Snapshot()
+	var resources []string
+	for _, b := range snap {
+		if b.Rule == "breaker.destination_cluster" {
+			resources = append(resources, b.Resource+":"+b.State.String())
+		}
+	}
+	if got := strings.Join(resources, " "); got != "destination_cluster=inventory:open destination_cluster=search:closed" {
+		t.Errorf("snapshot resources = %q", got)
+	}
+}
+
+func TestMaxBreakersPerRule(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, _, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, MaxStateSeriesPerRule: 1, Metrics: reg})
+	for _, c := range []string{"a", "b", "c", "c"} {
+		r.Observe(Observation{Cluster: c, Status: 500})
+		r.Observe(Observation{Cluster: c, Status: 500})
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "b"); ok {
+		t.Error("b (second breaker) did not open")
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "c"); !ok {
+		t.Error("c beyond the cap has a breaker")
+	}
+	if got := testutil.ToFloat64(r.metrics.dropped.WithLabelValues("breaker.destination_cluster")); got != 4 {
+		t.Errorf("dropped = %v, want 4", got)
+	}
+	// Only the first breaker has a state series: 1 value-less + the 2 single
+	// breakers of exact rules (user_vip* has one per value, none yet).
+	if got := testutil.CollectAndCount(r.metrics.state); got != 3 {
+		t.Errorf("state series = %d, want 3", got)
+	}
+}
+
+func TestSetRulesKeepsUnchangedState(t *testing.T) {
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{})
+	r.Observe(Observation{Cluster: "orders", Status: 500})
+	r.Observe(Observation{Cluster: "orders", Status: 500})
+	r.Observe(Observation{Cluster: "inventory", Status: 500})
+	r.Observe(Observation{Cluster: "inventory", Status: 500})
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); ok {
+		t.Fatal("orders not open")
+	}
+	// Reload: orders unchanged, the value-less rule's threshold changed.
+	changed := strings.Replace(rulesYAML, "threshold: 2", "threshold: 3", 1)
+	set2 := parseSet(t, changed)
+	if err := r.SetRules(set2); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := allow(t, r, set2, "destination_cluster", "orders"); ok {
+		t.Error("unchanged rule lost its open state on reload")
+	}
+	if ok, _ := allow(t, r, set2, "destination_cluster", "inventory"); !ok {
+		t.Error("changed rule kept its old state")
+	}
+	// The old set's rule pointers still resolve (requests in flight).
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); ok {
+		t.Error("old rule pointer lost its breaker")
+	}
+	// A rule removed from the set no longer refuses.
+	set3 := parseSet(t, "domain: breaker\ndescriptors:\n  - key: x\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	if err := r.SetRules(set3); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); !ok {
+		t.Error("removed rule still refuses")
+	}
+	clock.Advance(time.Minute)
+	if len(r.Snapshot()) != 0 {
+		t.Errorf("snapshot after removal = %+v", r.Snapshot())
+	}
+}
+
+func TestSetRulesReportsInvalidBreaker(t *testing.T) {
+	r, err := NewRegistry(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Rule built by hand with an indivisible window (the loader would
+	// have rejected it): skipped and reported, the others apply.
+	set := parseSet(t, rulesYAML)
+	bad := *set.Rule("breaker.destination_cluster_orders").Breaker
+	bad.Window, bad.Buckets = 10*s, 3
+	set.Rule("breaker.destination_cluster_orders").Breaker = &bad
+	if err := r.SetRules(set); err == nil || !strings.Contains(err.Error(), "destination_cluster_orders") {
+		t.Errorf("SetRules error = %v", err)
+	}
+	if got := len(r.Snapshot()); got != 1 {
+		t.Errorf("breakers after a bad rule = %d, want the valid single one", got)
+	}
+}
+
+func TestAllowWithoutBreaker(t *testing.T) {
+	r, _, set := newTestRegistry(t, rulesYAML, Options{})
+	es := entries("destination_cluster", "payments")
+	if ok, wait := r.Allow(set.Match("breaker", es), es); !ok || wait != 0 {
+		t.Errorf("rule without breaker: %v, %v", ok, wait)
+	}
+	if ok, _ := r.Allow(&descriptors.Rule{ID: "nope"}, nil); !ok {
+		t.Error("unknown rule refused")
+	}
+}
+
+func TestAllowTargetsTakesNoProbeWhenAnotherIsOpen(t *testing.T) {
+	r, clock, _ := newTestRegistry(t, rulesYAML, Options{})
+	obs := Observation{Route: "checkout", Cluster: "backend", ResponseTime: time.Second, Status: 500}
+	ts := r.Targets(nil, &obs)
+	if len(ts) != 2 {
+		t.Fatalf("targets = %d", len(ts))
+	}
+	r.ObserveTargets(ts, obs)
+	r.ObserveTargets(ts, obs) // both open (slow ratio and error count)
+	clock.Advance(5 * s)
+	// The cluster breaker's probe fails: open again for 5s...
+	if ok, _ := ts[0].Breaker().AllowAt(clock.Now()); !ok {
+		t.Fatal("no probe")
+	}
+	ts[0].Breaker().ObserveAt(clock.Now(), Outcome{Aborted: true})
+	// ...while the route breaker is half-open: no probe is taken from it.
+	if st := ts[1].Breaker().AdvanceAt(clock.Now()); st != HalfOpen {
+		t.Fatalf("route breaker %v", st)
+	}
+	if ok, _ := r.AllowTargets(ts); ok {
+		t.Fatal("allowed while one breaker is open")
+	}
+	if st := ts[1].Breaker().StatsAt(clock.Now()); st.ProbesAdmitted != 0 {
+		t.Errorf("half-open breaker gave a probe for a refused request: %+v", st)
+	}
+}
+
+func TestMetricsAndLog(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{Metrics: reg, Logger: logger})
+	for range 2 {
+		r.Observe(Observation{Cluster: "orders", Status: 500, ResponseTime: 30 * ms, Source: SourceALS})
+	}
+	r.Observe(Observation{Cluster: "orders", Aborted: true, Source: SourceExtProc})
+	if got := testutil.ToFloat64(r.metrics.state.WithLabelValues("breaker.destination_cluster_orders", "")); got != 1 {
+		t.Errorf("state gauge = %v, want 1 (open)", got)
+	}
+	clock.Advance(5 * s)
+	allow(t, r, set, "destination_cluster", "orders")
+	if got := testutil.ToFloat64(r.metrics.state.WithLabelValues("breaker.destination_cluster_orders", "")); got != 2 {
+		t.Errorf("state gauge = %v, want 2 (half-open)", got)
+	}
+	if got := testutil.ToFloat64(r.metrics.transitions.WithLabelValues("breaker.destination_cluster_orders", "closed", "open")); got != 1 {
+		t.Errorf("closed->open transitions = %v", got)
+	}
+	if got := testutil.ToFloat64(r.metrics.observations.WithLabelValues(SourceALS)); got != 2 {
+		t.Errorf("als observations = %v", got)
+	}
+	if got := testutil.CollectAndCount(r.metrics.responseTime); got != 4 { // one per breaker rule
+		t.Errorf("histogram series = %d", got)
+	}
+	if n := strings.Count(logs.String(), "circuit breaker state change"); n != 2 {
+		t.Errorf("logged %d transitions, want 2:\n%s", n, logs.String())
+	}
+	if _, err := NewRegistry(Options{Metrics: reg}); err == nil {
+		t.Error("registering twice on one prometheus registry did not fail")
+	}
+}
+
+func TestHandler(t *testing.T) {
+	r, _, _ := newTestRegistry(t, rulesYAML, Options{})
+	r.Observe(Observation{Cluster: "orders", Status: 500})
+	r.Observe(Observation{Cluster: "orders", Status: 500})
+	rec := httptest.NewRecorder()
+	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/breakers", nil))
+	var body struct {
+		Breakers []map[string]any `json:"breakers"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %s: %v", rec.Body, err)
+	}
+	var orders map[string]any
+	for _, b := range body.Breakers {
+		if b["rule"] == "breaker.destination_cluster_orders" {
+			orders = b
+		}
+	}
+	if orders["state"] != "open" || orders["failed"] != 2.0 || orders["total"] != 2.0 || orders["retry_in"] != "5s" || orders["strategy"] != "error_ratio" {
+		t.Errorf("orders = %v", orders)
+	}
+	rec = httptest.NewRecorder()
+	r.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/breakers", nil))
+	if rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("POST: %d", rec.Code)
+	}
+}
+
+func TestParseHeaderKeys(t *testing.T) {
+	got, err := ParseHeaderKeys(" X-User-ID=user, x-tenant ,")
+	if err != nil || len(got) != 2 || got[0] != (HeaderKey{"x-user-id", "user"}) || got[1] != (HeaderKey{"x-tenant", "x-tenant"}) {
+		t.Errorf("ParseHeaderKeys = %v, %v", got, err)
+	}
+	if _, err := ParseHeaderKeys("=user"); err == nil {
+		t.Error("empty header accepted")
+	}
+}
+
+func TestMatchValue(t *testing.T) {
+	tests := []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"", "x", true}, {"a", "a", true}, {"a", "b", false}, {"a*", "abc", true}, {"a*", "ba", false},
+		{"*c", "abc", true}, {"a*c", "ac", true}, {"a*b*c", "axbyc", true}, {"a*b*c", "acb", false},
+		{"ab*ba", "aba", false}, {"*", "", true},
+	}
+	for _, tt := range tests {
+		if got := matchValue(tt.pattern, tt.value); got != tt.want {
+			t.Errorf("matchValue(%q, %q) = %v", tt.pattern, tt.value, got)
+		}
+	}
+}
+
+// TestConcurrentUse exercises Allow, Observe, Snapshot and SetRules
+// together under the race detector.
+func TestConcurrentUse(t *testing.T) {
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{Metrics: prometheus.NewRegistry()})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			es := entries("destination_cluster", "orders")
+			rule := set.Match("breaker", es)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r.Allow(rule, es)
+				r.Observe(Observation{Cluster: []string{"orders", "inventory", "x"}[i%3], Status: 200 + 300*(i%2), Source: SourceALS})
+				if g == 0 && i%50 == 0 {
+					clock.Advance(time.Second)
+					r.Snapshot()
+				}
+			}
+		}()
+	}
+	for range 20 {
+		if err := r.SetRules(parseSet(t, rulesYAML)); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+}
