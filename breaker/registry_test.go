@@ -20,8 +20,8 @@ import (
 // fakeClock is a window.Clock the test moves by hand.
 type fakeClock struct{ now atomic.Int64 }
 
-func (c *fakeClock) Now() time.Duration       { return time.Duration(c.now.Load()) }
-func (c *fakeClock) Set(d time.Duration)      { c.now.Store(int64(d)) }
+func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
+func (c *fakeClock) Set(d time.Duration)     { c.now.Store(int64(d)) }
 func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
 const rulesYAML = `
