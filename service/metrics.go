@@ -1,0 +1,213 @@
+package service
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Label values used when a label would otherwise exceed its cardinality cap
+// or carry no rule.
+const (
+	// OverflowLabel replaces a detailed metric key (or an unknown domain)
+	// once the cap of distinct values has been reached.
+	OverflowLabel = "_overflow_"
+	// OverrideLabel is the key label of descriptors limited by their own
+	// `limit` override that match no rule.
+	OverrideLabel = "_override_"
+)
+
+// Default caps of distinct label values.
+const (
+	// DefaultMaxDetailedKeys is the most distinct detailed metric keys one
+	// rule reports before further ones are counted under OverflowLabel.
+	DefaultMaxDetailedKeys = 1000
+	// maxUnknownDomains is the most distinct unknown domains reported by
+	// domain_not_found before further ones are counted under OverflowLabel.
+	maxUnknownDomains = 100
+)
+
+// Values of the err_type label of ratelimit_service_should_rate_limit_error.
+const (
+	errTypeInvalid  = "invalid_request"
+	errTypeNoConfig = "no_config"
+	errTypeLimiter  = "limiter"
+	errTypeConfig   = "rule_config"
+)
+
+// metrics holds the service's Prometheus collectors. Per-rule label children
+// are resolved once per rule (ruleCounters) so that counting a request does
+// not hash labels or allocate.
+type metrics struct {
+	totalHits   *prometheus.CounterVec
+	overLimit   *prometheus.CounterVec
+	nearLimit   *prometheus.CounterVec
+	withinLimit *prometheus.CounterVec
+	shadowMode  *prometheus.CounterVec
+	circuitOpen *prometheus.CounterVec
+
+	globalShadow   prometheus.Counter
+	domainNotFound *prometheus.CounterVec
+	errors         *prometheus.CounterVec
+
+	maxDetailed int
+
+	mu          sync.Mutex
+	detailed    map[string]*detailedCounters // by domain + "\x00" + rule ID; survives reloads
+	overrides   map[string]*ruleCounters     // by domain
+	unknownSeen map[string]prometheus.Counter
+}
+
+// ruleCounters are the label children of one (domain, key) pair.
+type ruleCounters struct {
+	total, over, near, within, shadow, circuit prometheus.Counter
+}
+
+func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
+	ruleVec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "ratelimit_service",
+			Subsystem: "rate_limit",
+			Name:      name,
+			Help:      help,
+		}, []string{"domain", "key"})
+	}
+	m := &metrics{
+		totalHits:   ruleVec("total_hits", "Hits (in units of hits_addend) of descriptors that matched a rule."),
+		overLimit:   ruleVec("over_limit", "Hits answered OVER_LIMIT by a rate limit (including shadow-mode rules)."),
+		nearLimit:   ruleVec("near_limit", "Admitted hits above NearLimitRatio of the limit."),
+		withinLimit: ruleVec("within_limit", "Hits answered within the limit."),
+		shadowMode:  ruleVec("shadow_mode", "Over-limit hits answered OK because the rule is in shadow mode."),
+		circuitOpen: ruleVec("circuit_open", "Hits refused because the rule's circuit breaker is open."),
+		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_service_global_shadow_mode",
+			Help: "Requests answered OK only because global shadow mode (SHADOW_MODE) is on.",
+		}),
+		domainNotFound: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_service_domain_not_found",
+			Help: "Requests for a domain that no rule file defines.",
+		}, []string{"domain"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_service_should_rate_limit_error",
+			Help: "ShouldRateLimit calls answered with an error, by cause.",
+		}, []string{"err_type"}),
+		maxDetailed: maxDetailed,
+		detailed:    make(map[string]*detailedCounters),
+		overrides:   make(map[string]*ruleCounters),
+		unknownSeen: make(map[string]prometheus.Counter),
+	}
+	for _, c := range []prometheus.Collector{
+		m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen,
+		m.globalShadow, m.domainNotFound, m.errors,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Pre-create the error children so that every cause is exported as 0.
+	for _, t := range []string{errTypeInvalid, errTypeNoConfig, errTypeLimiter, errTypeConfig} {
+		m.errors.WithLabelValues(t)
+	}
+	return m, nil
+}
+
+// counters returns the label children of (domain, key).
+func (m *metrics) counters(domain, key string) *ruleCounters {
+	return &ruleCounters{
+		total:   m.totalHits.WithLabelValues(domain, key),
+		over:    m.overLimit.WithLabelValues(domain, key),
+		near:    m.nearLimit.WithLabelValues(domain, key),
+		within:  m.withinLimit.WithLabelValues(domain, key),
+		shadow:  m.shadowMode.WithLabelValues(domain, key),
+		circuit: m.circuitOpen.WithLabelValues(domain, key),
+	}
+}
+
+// overrideCounters returns the counters of descriptors of domain that carry
+// their own limit and match no rule.
+func (m *metrics) overrideCounters(domain string) *ruleCounters {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.overrides[domain]
+	if !ok {
+		c = m.counters(domain, OverrideLabel)
+		m.overrides[domain] = c
+	}
+	return c
+}
+
+// detailedFor returns the capped per-value counters of a rule with
+// detailed_metric or value_to_metric; the same object is returned across
+// reloads so the cap holds for the life of the process.
+func (m *metrics) detailedFor(domain, ruleID string) *detailedCounters {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := domain + "\x00" + ruleID
+	d, ok := m.detailed[id]
+	if !ok {
+		d = &detailedCounters{m: m, domain: domain, max: m.maxDetailed}
+		m.detailed[id] = d
+	}
+	return d
+}
+
+// notFound counts a request for an unknown domain, capping distinct labels.
+func (m *metrics) notFound(domain string) {
+	m.mu.Lock()
+	c, ok := m.unknownSeen[domain]
+	if !ok {
+		label := domain
+		if len(m.unknownSeen) >= maxUnknownDomains {
+			label = OverflowLabel
+		} else {
+			domain = cloneString(domain)
+			label = domain
+		}
+		c = m.domainNotFound.WithLabelValues(label)
+		if label != OverflowLabel {
+			m.unknownSeen[domain] = c
+		}
+	}
+	m.mu.Unlock()
+	c.Inc()
+}
+
+func (m *metrics) error(errType string) { m.errors.WithLabelValues(errType).Inc() }
+
+// detailedCounters maps the detailed metric keys of one rule to counters,
+// with at most max distinct keys; later keys share OverflowLabel.
+type detailedCounters struct {
+	m      *metrics
+	domain string
+	max    int
+
+	keys     sync.Map // string -> *ruleCounters
+	mu       sync.Mutex
+	n        int
+	overflow *ruleCounters
+}
+
+func (d *detailedCounters) get(key string) *ruleCounters {
+	if c, ok := d.keys.Load(key); ok {
+		return c.(*ruleCounters)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c, ok := d.keys.Load(key); ok {
+		return c.(*ruleCounters)
+	}
+	if d.n >= d.max {
+		if d.overflow == nil {
+			d.overflow = d.m.counters(d.domain, OverflowLabel)
+		}
+		return d.overflow
+	}
+	key = cloneString(key)
+	c := d.m.counters(d.domain, key)
+	d.keys.Store(key, c)
+	d.n++
+	return c
+}
+
+// cloneString copies s so a label does not pin a request's memory.
+func cloneString(s string) string { return string([]byte(s)) }

@@ -1,0 +1,526 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// step is one call at a fake instant and its expected answer.
+type step struct {
+	at       time.Duration
+	req      *rlsv3.RateLimitRequest
+	overall  rlsv3.RateLimitResponse_Code
+	statuses []*dstatus
+	reason   string // expected x-ratelimit-reason header; "" for none
+}
+
+func TestShouldRateLimit(t *testing.T) {
+	const ms = time.Millisecond
+	exact3 := lim(3, second, "exact3")
+	tests := []struct {
+		name   string
+		opts   func(*Options)
+		refuse map[string]time.Duration // breaker refusals by rule ID
+		steps  []step
+	}{
+		{
+			name: "exact rule counts and refuses, reset is the honest retry time",
+			steps: []step{
+				{at: 0, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+				{at: 0, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
+				{at: 50 * ms, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1050*ms)}},
+				{at: 60 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(exact3, 0, 1040*ms)}},
+				// No boundary burst: one bucket before the first hits age out it still refuses.
+				{at: 1050 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(exact3, 0, 50*ms)}},
+				// Refusals consumed nothing: the full quota is back when the hits age out.
+				{at: 1100 * ms, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+			},
+		},
+		{
+			name: "value-less key counts each value separately",
+			steps: []step{
+				{req: req("test", desc("user", "a")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 1, 66*time.Second)}},
+				{req: req("test", desc("user", "a")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 0, 66*time.Second)}},
+				{req: req("test", desc("user", "a")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, minute, ""), 0, 66*time.Second)}},
+				{req: req("test", desc("user", "b")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 1, 66*time.Second)}},
+			},
+		},
+		{
+			name: "several limits: most constraining reported, a refusal consumes none",
+			steps: []step{
+				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 2, 1100*ms)}},
+				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 1, 1100*ms)}},
+				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 0, 1100*ms)}},
+				{req: req("test", desc("multi", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(3, second, "per-second"), 0, 1100*ms)}},
+				// The refused fourth hit was not recorded by the per-minute limit either: 5-3-1 = 1 left.
+				{at: 1100 * ms, req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(5, minute, "per-minute"), 1, 66*time.Second-1100*ms)}},
+			},
+		},
+		{
+			name: "unlimited is never counted",
+			steps: []step{
+				{req: reqHits("test", 1000, desc("free", "x")), overall: codeOK, statuses: []*dstatus{wantUnlimited()}},
+				{req: reqHits("test", 1000, desc("free", "x")), overall: codeOK, statuses: []*dstatus{wantUnlimited()}},
+			},
+		},
+		{
+			name: "unknown domain and unmatched descriptors have no limit",
+			steps: []step{
+				{req: req("nope", desc("k", "exact"), desc("x", "y")), overall: codeOK, statuses: []*dstatus{wantPlain(), wantPlain()}},
+				{req: req("test", desc("k", "other"), desc("nested", "a"), desc("nested", "a", "sub", "x", "extra", "1")), overall: codeOK,
+					statuses: []*dstatus{wantPlain(), wantPlain(), wantPlain()}},
+				// Unknown domain: even an override is not applied.
+				{req: req("nope", with(desc("x", "y"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK, statuses: []*dstatus{wantPlain()}},
+			},
+		},
+		{
+			name: "nested rule",
+			steps: []step{
+				{req: req("test", desc("nested", "a", "sub", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, hour, ""), 0, 3960*time.Second)}},
+				{req: req("test", desc("nested", "a", "sub", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(1, hour, ""), 0, 3960*time.Second)}},
+				{req: req("test", desc("nested", "a", "sub", "y")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, hour, ""), 0, 3960*time.Second)}},
+			},
+		},
+		{
+			name: "requests_per_unit 0 bans; retry after a full window",
+			steps: []step{
+				{req: req("test", desc("ban", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
+			},
+		},
+		{
+			name: "explicit window reports unit and multiplier",
+			steps: []step{
+				{req: req("test", desc("win", "x")), overall: codeOK, statuses: []*dstatus{wantOK(limMult(2, second, "", 30), 1, 33*time.Second)}},
+			},
+		},
+		{
+			name: "overall is the OR of descriptors, statuses in request order",
+			steps: []step{
+				{req: req("test", desc("ban", "x"), desc("k", "exact"), desc("x", "y")), overall: codeOver, reason: ReasonRateLimited,
+					// k=exact's hit was taken back: remaining counts it as not recorded.
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 3, anyReset), wantPlain()}},
+				// The refused request recorded nothing on k=exact.
+				{req: req("test", desc("x", "y"), desc("k", "exact")), overall: codeOK,
+					statuses: []*dstatus{wantPlain(), wantOK(exact3, 2, 1100*ms)}},
+			},
+		},
+		{
+			name: "request-level and per-descriptor hits_addend",
+			steps: []step{
+				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
+				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 1, 1100*ms)}},
+				// Per-descriptor 0: check without counting.
+				{req: reqHits("test", 5, with(desc("k", "exact"), hits(0))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
+				{req: reqHits("test", 5, with(desc("k", "exact"), hits(0))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
+				// Per-descriptor value overrides the request's.
+				{req: reqHits("test", 5, with(desc("k", "exact"), hits(1))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
+				// A check on a full window says whether one more hit would fit.
+				{req: req("test", with(desc("k", "exact"), hits(0))), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
+			},
+		},
+		{
+			name: "descriptor limit override",
+			steps: []step{
+				// No rule matches: the override still applies in a known domain.
+				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 1100*ms)}},
+				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 0, 1100*ms)}},
+				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 1100*ms)}},
+				// Another value is another counter.
+				{req: req("test", with(desc("x", "z"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 1100*ms)}},
+				// On a matched rule the override wins and the rule's counter is untouched.
+				{req: req("test", with(desc("k", "exact"), override(1, typev3.RateLimitUnit_MINUTE, 0))), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(1, minute, ""), 0, 66*time.Second)}},
+				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+				// unit_multiplier.
+				{req: req("test", with(desc("x", "m"), override(4, typev3.RateLimitUnit_SECOND, 30))), overall: codeOK,
+					statuses: []*dstatus{wantOK(limMult(4, second, "", 30), 3, 33*time.Second)}},
+				// Shadow mode of the matched rule does not apply to an override.
+				{req: req("test", with(desc("shadow", "s"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
+			},
+		},
+		{
+			name: "replaces drops the replaced rule entirely",
+			steps: []step{
+				{req: req("test", desc("old", "x"), desc("new", "x")), overall: codeOK,
+					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 4, 1100*ms)}},
+				{req: req("test", desc("old", "x"), desc("new", "x")), overall: codeOK,
+					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 3, 1100*ms)}},
+				// The replaced rule's counter was never touched.
+				{req: req("test", desc("old", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, second, "legacy"), 0, 1100*ms)}},
+			},
+		},
+		{
+			name: "per-rule shadow mode forces the status to OK",
+			steps: []step{
+				{req: req("test", desc("shadow", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms)}},
+				{req: req("test", desc("shadow", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms)}},
+				// A shadow rule over its limit does not veto the others' hits.
+				{req: req("test", desc("shadow", "x"), desc("k", "exact")), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(exact3, 2, 1100*ms)}},
+			},
+		},
+		{
+			name: "global shadow mode forces only the overall code",
+			opts: func(o *Options) { o.ShadowMode = true },
+			steps: []step{
+				{req: req("test", desc("ban", "x"), desc("k", "exact")), overall: codeOK,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 2, 1100*ms)}},
+				// The request went through, so k=exact was charged.
+				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
+			},
+		},
+		{
+			name: "quota mode: over only when every quota descriptor is over",
+			steps: []step{
+				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 1, 1100*ms)}},
+				// a is over but b is not: the request passes and b is charged.
+				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
+				// Both over: refused.
+				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOver(lim(2, second, ""), 0, 1100*ms)}},
+				// Every quota descriptor over: the regular one's recorded hit is undone.
+				{req: req("test", desc("k", "exact"), desc("quota", "a")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOK(exact3, 2, 1100*ms), wantOver(lim(1, second, ""), 0, 1100*ms)}},
+				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+			},
+		},
+		{
+			name:   "circuit breakers refuse without consuming quota",
+			refuse: map[string]time.Duration{"test.backend_api": 5 * time.Second, "test.backend_limited": 2 * time.Second, "test.backend_shadowed": time.Second},
+			steps: []step{
+				{req: req("test", desc("backend", "api")), overall: codeOver, reason: ReasonCircuitOpen,
+					statuses: []*dstatus{{Code: codeOver, DurationUntilReset: durationpb.New(5 * time.Second)}}},
+				// Rate limit and breaker on one descriptor: the breaker refuses, the limit is only checked.
+				{req: req("test", desc("backend", "limited"), desc("k", "exact")), overall: codeOver, reason: ReasonCircuitOpen,
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 1, 2*time.Second), wantOK(exact3, 3, 0)}},
+				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+				// A shadow-mode rule's breaker does not refuse.
+				{req: req("test", desc("backend", "shadowed")), overall: codeOK, statuses: []*dstatus{wantPlain()}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var brk *fakeBreakers
+			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+				if tt.refuse != nil {
+					brk = &fakeBreakers{refuse: tt.refuse}
+					o.Breakers = brk
+				}
+				if tt.opts != nil {
+					tt.opts(o)
+				}
+			})
+			for i, s := range tt.steps {
+				h.clock.Set(s.at)
+				resp, err := h.call(s.req)
+				if err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if resp.OverallCode != s.overall {
+					t.Errorf("step %d: overall %v, want %v\n%s", i, resp.OverallCode, s.overall, prototext.Format(resp))
+				}
+				checkStatuses(t, resp, s.statuses)
+				checkReason(t, resp, s.reason)
+				if t.Failed() {
+					t.Fatalf("step %d failed", i)
+				}
+			}
+		})
+	}
+}
+
+func checkReason(t testing.TB, resp *rlsv3.RateLimitResponse, want string) {
+	t.Helper()
+	var got []string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if h.GetKey() == ReasonHeader {
+			got = append(got, h.GetValue())
+		}
+	}
+	switch {
+	case want == "" && len(got) > 0:
+		t.Errorf("unexpected %s: %v", ReasonHeader, got)
+	case want != "" && (len(got) != 1 || got[0] != want):
+		t.Errorf("%s = %v, want %q", ReasonHeader, got, want)
+	}
+}
+
+func TestShouldRateLimitErrors(t *testing.T) {
+	negative := desc("k", "exact")
+	negative.IsNegativeHits = true
+	tests := []struct {
+		name    string
+		req     *rlsv3.RateLimitRequest
+		noRules bool
+		code    codes.Code
+		msg     string
+	}{
+		{name: "nil request", req: nil, code: codes.InvalidArgument, msg: "rate limit domain must not be empty"},
+		{name: "empty domain", req: req("", desc("k", "v")), code: codes.InvalidArgument, msg: "rate limit domain must not be empty"},
+		{name: "no descriptors", req: req("test"), code: codes.InvalidArgument, msg: "rate limit descriptor list must not be empty"},
+		{name: "nil descriptor", req: req("test", desc("k", "exact"), nil), code: codes.InvalidArgument, msg: "rate limit descriptor 1 has no entries"},
+		{name: "descriptor without entries", req: req("test", desc()), code: codes.InvalidArgument, msg: "rate limit descriptor 0 has no entries"},
+		{name: "nil entry", req: req("test", &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{nil}}),
+			code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 0: key must not be empty"},
+		{name: "empty key", req: req("test", desc("k", "exact", "", "v")), code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 1: key must not be empty"},
+		{name: "negative hits", req: req("test", negative), code: codes.InvalidArgument, msg: "is_negative_hits not supported"},
+		{name: "override with unknown unit", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_UNKNOWN, 0))),
+			code: codes.InvalidArgument, msg: "limit override has unknown unit"},
+		{name: "override with multiplier 0", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0),
+			func(d *rlcommonv3.RateLimitDescriptor) { d.Limit.UnitMultiplier = wrapperspb.UInt32(0) })),
+			code: codes.InvalidArgument, msg: "unit_multiplier must not be 0"},
+		{name: "no rules loaded", req: req("test", desc("k", "exact")), noRules: true, code: codes.Unavailable, msg: "no rate limit configuration loaded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			set := mustParse(t, testRules)
+			if tt.noRules {
+				set = nil
+			}
+			h := newHarness(t, set, nil)
+			resp, err := h.call(tt.req)
+			if err == nil {
+				t.Fatalf("no error; response %v", resp)
+			}
+			st, _ := grpcstatus.FromError(err)
+			if st.Code() != tt.code || !strings.Contains(st.Message(), tt.msg) {
+				t.Errorf("got %v %q, want %v containing %q", st.Code(), st.Message(), tt.code, tt.msg)
+			}
+		})
+	}
+}
+
+func TestSetRules(t *testing.T) {
+	h := newHarness(t, nil, nil)
+	if h.svc.Rules() != nil {
+		t.Fatal("Rules() before SetRules is not nil")
+	}
+	if _, err := h.call(req("test", desc("k", "exact"))); grpcstatus.Code(err) != codes.Unavailable {
+		t.Fatalf("before SetRules: %v, want Unavailable", err)
+	}
+	set := mustParse(t, testRules)
+	h.svc.SetRules(set)
+	if h.svc.Rules() != set {
+		t.Fatal("Rules() does not return the set")
+	}
+	resp, err := h.call(req("test", desc("k", "exact")))
+	if err != nil || resp.OverallCode != codeOK {
+		t.Fatalf("after SetRules: %v %v", resp, err)
+	}
+	// A new set with a lower limit applies at once to the same counter.
+	h.svc.SetRules(mustParse(t, strings.Replace(testRules, "requests_per_unit: 3, name: exact3", "requests_per_unit: 1, name: exact3", 1)))
+	resp, err = h.call(req("test", desc("k", "exact")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStatuses(t, resp, []*dstatus{wantOver(lim(1, second, "exact3"), 0, 1100*time.Millisecond)})
+	h.svc.SetRules(nil)
+	if _, err := h.call(req("test", desc("k", "exact"))); grpcstatus.Code(err) != codes.Unavailable {
+		t.Fatalf("after SetRules(nil): %v, want Unavailable", err)
+	}
+}
+
+func TestCheckRules(t *testing.T) {
+	// The loader validated the window with window.DefaultBuckets (20); a
+	// service laid out with 16 buckets cannot split 1100ns into them.
+	set := mustParse(t, `
+domain: d
+descriptors:
+  - key: w
+    rate_limit: {window: 1100ns, requests_per_unit: 1}
+`)
+	if _, err := New(Options{Limiter: window.NewStore(&fakeClock{}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
+		t.Fatal("New accepted a default bucket count that does not divide one second")
+	}
+	h := newHarness(t, nil, func(o *Options) { o.DefaultBuckets = 16 })
+	err := h.svc.CheckRules(set)
+	if err == nil || !strings.Contains(err.Error(), "not divisible") {
+		t.Fatalf("CheckRules = %v, want a divisibility error", err)
+	}
+	h.svc.SetRules(set)
+	_, err = h.call(req("d", desc("w", "x")))
+	if grpcstatus.Code(err) != codes.Internal {
+		t.Fatalf("request on an unservable rule: %v, want Internal", err)
+	}
+	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
+		t.Fatalf("CheckRules(testRules) = %v", err)
+	}
+}
+
+// failingLimiter fails every call with err.
+type failingLimiter struct{ err error }
+
+func (f failingLimiter) Do(context.Context, []window.Request) ([]window.Result, error) {
+	return nil, f.err
+}
+func (f failingLimiter) Undo(context.Context, []window.Request, []window.Result) error { return f.err }
+
+func TestLimiterError(t *testing.T) {
+	cause := errors.New("redis: connection refused")
+	tests := []struct {
+		err  error
+		code codes.Code
+	}{
+		{cause, codes.Unavailable},
+		{context.Canceled, codes.Canceled},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+	}
+	for _, tt := range tests {
+		h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.Limiter = failingLimiter{err: tt.err} })
+		_, err := h.call(req("test", desc("k", "exact")))
+		if grpcstatus.Code(err) != tt.code || !errors.Is(err, tt.err) {
+			t.Errorf("limiter error %v: got %v (code %v), want code %v wrapping the cause", tt.err, err, grpcstatus.Code(err), tt.code)
+		}
+		var le *LimiterError
+		if !errors.As(err, &le) {
+			t.Errorf("error %T is not a *LimiterError", err)
+		}
+		// Descriptors that need no counter do not reach the limiter.
+		resp, err := h.call(req("test", desc("free", "x"), desc("x", "y")))
+		if err != nil || resp.OverallCode != codeOK {
+			t.Errorf("unlimited/unmatched request with a failing limiter: %v %v", resp, err)
+		}
+		if got := testutil.ToFloat64(h.svc.metrics.errors.WithLabelValues(errTypeLimiter)); got != 1 {
+			t.Errorf("should_rate_limit_error{limiter} = %v, want 1", got)
+		}
+	}
+}
+
+// recordingLimiter records the batches passed to an inner Limiter.
+type recordingLimiter struct {
+	inner window.Limiter
+	dos   [][]window.Request
+	undos [][]window.Request
+}
+
+func (r *recordingLimiter) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
+	r.dos = append(r.dos, append([]window.Request(nil), reqs...))
+	return r.inner.Do(ctx, reqs)
+}
+
+func (r *recordingLimiter) Undo(ctx context.Context, reqs []window.Request, res []window.Result) error {
+	r.undos = append(r.undos, append([]window.Request(nil), reqs...))
+	return r.inner.Undo(ctx, reqs, res)
+}
+
+func TestOneLimiterCallPerRequest(t *testing.T) {
+	tests := []struct {
+		name   string
+		shadow bool
+		req    *rlsv3.RateLimitRequest
+		veto   []bool
+		hits   []uint64
+		undos  int
+	}{
+		{name: "enforcing, shadow and quota rules, several limits",
+			req:  reqHits("test", 2, desc("k", "exact"), desc("shadow", "s"), with(desc("quota", "b"), hits(1)), with(desc("multi", "m"), hits(0)), desc("free", "x"), desc("x", "y")),
+			veto: []bool{true, false, false, true, true}, hits: []uint64{2, 2, 1, 0, 0}},
+		{name: "global shadow mode vetoes nothing", shadow: true,
+			req:  req("test", desc("k", "exact"), desc("user", "u")),
+			veto: []bool{false, false}, hits: []uint64{1, 1}},
+		{name: "all quota descriptors over: one Undo", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
+			veto: []bool{true, false}, hits: []uint64{1, 2}, undos: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &recordingLimiter{}
+			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+				rec.inner = o.Limiter
+				o.Limiter = rec
+				o.ShadowMode = tt.shadow
+			})
+			if _, err := h.call(tt.req); err != nil {
+				t.Fatal(err)
+			}
+			if len(rec.dos) != 1 {
+				t.Fatalf("%d Do calls, want 1", len(rec.dos))
+			}
+			reqs := rec.dos[0]
+			if len(reqs) != len(tt.veto) {
+				t.Fatalf("%d window requests, want %d: %+v", len(reqs), len(tt.veto), reqs)
+			}
+			keys := map[string]bool{}
+			for i, r := range reqs {
+				if r.Veto != tt.veto[i] || r.Hits != tt.hits[i] {
+					t.Errorf("request %d: veto %v hits %d, want veto %v hits %d", i, r.Veto, r.Hits, tt.veto[i], tt.hits[i])
+				}
+				if keys[r.Key] {
+					t.Errorf("request %d: duplicate key %q", i, r.Key)
+				}
+				keys[r.Key] = true
+			}
+			if len(rec.undos) != tt.undos {
+				t.Errorf("%d Undo calls, want %d", len(rec.undos), tt.undos)
+			}
+		})
+	}
+}
+
+func TestBreakersSeeMatchedRuleAndEntries(t *testing.T) {
+	brk := &fakeBreakers{}
+	h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.Breakers = brk })
+	if _, err := h.call(req("test", desc("backend", "api"), desc("k", "exact"), desc("old", "x"), desc("new", "y"))); err != nil {
+		t.Fatal(err)
+	}
+	if len(brk.asked) != 1 || brk.asked[0] != "test.backend_api" {
+		t.Fatalf("breakers asked for %v, want [test.backend_api]", brk.asked)
+	}
+	if e := brk.entries[0]; len(e) != 1 || e[0].Key != "backend" || e[0].Value != "api" {
+		t.Fatalf("breaker got entries %v", e)
+	}
+}
+
+func TestMalformedRequestsNeverPanic(t *testing.T) {
+	h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.Breakers = &fakeBreakers{} })
+	reqs := []*rlsv3.RateLimitRequest{
+		nil,
+		{},
+		{Domain: "test"},
+		{Domain: "test", Descriptors: []*rlcommonv3.RateLimitDescriptor{nil, nil}},
+		{Domain: "test", Descriptors: []*rlcommonv3.RateLimitDescriptor{{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{nil, {Key: "k"}}}}},
+		{Domain: "test", Descriptors: []*rlcommonv3.RateLimitDescriptor{{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: "k", Value: "exact"}}, Limit: &rlcommonv3.RateLimitDescriptor_RateLimitOverride{}}}},
+		{Domain: "test", HitsAddend: math.MaxUint32, Descriptors: []*rlcommonv3.RateLimitDescriptor{desc("k", "exact"), with(desc("user", "u"), hits(math.MaxUint64))}},
+		{Domain: "test", Descriptors: []*rlcommonv3.RateLimitDescriptor{with(desc("x", "y"), override(math.MaxUint32, typev3.RateLimitUnit_YEAR, math.MaxUint32))}},
+		{Domain: "test", Descriptors: []*rlcommonv3.RateLimitDescriptor{with(desc("x", "y"), override(1, typev3.RateLimitUnit(99), 0))}},
+	}
+	for i, r := range reqs {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("request %d panicked: %v", i, p)
+				}
+			}()
+			resp, err := h.call(r)
+			if err == nil && len(resp.Statuses) != len(r.GetDescriptors()) {
+				t.Errorf("request %d: %d statuses for %d descriptors", i, len(resp.Statuses), len(r.GetDescriptors()))
+			}
+		}()
+	}
+}

@@ -1,0 +1,296 @@
+// Package service answers Envoy's rate-limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) from the
+// loaded descriptor rules, a window.Limiter and, optionally, circuit breakers.
+//
+// # Sliding-window answers
+//
+// Each descriptor status reports, for the most constraining limit of its
+// rule (an over-limit one if any, else the one with the least quota left):
+//
+//   - limit_remaining: the quota left now, in any window of the limit's
+//     length ending now, after this request's hits if they were recorded.
+//   - duration_until_reset, when OVER_LIMIT: the time until enough old hits
+//     have aged out of the sliding window that this same request would pass
+//     (an honest Retry-After; for a circuit breaker, the time until it
+//     half-opens).
+//   - duration_until_reset, when OK: the time until every hit now counted has
+//     aged out, i.e. until the full quota is available again (0 when nothing
+//     is counted).
+//
+// An OVER_LIMIT answer consumes no quota: refused hits are not recorded, so
+// clients hammering a limit do not extend their own block.
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/window"
+)
+
+// DefaultNearLimitRatio is the fraction of a limit above which admitted hits
+// are counted as near_limit, as NEAR_LIMIT_RATIO in envoyproxy/ratelimit.
+const DefaultNearLimitRatio = 0.8
+
+// Options configure a Service.
+type Options struct {
+	// Limiter admits the hits of every request; required.
+	Limiter window.Limiter
+	// Breakers are consulted for rules with a circuit breaker; nil means
+	// no breakers.
+	Breakers Breakers
+	// Registry receives the service's metrics; required (there is no global
+	// registry).
+	Registry *prometheus.Registry
+	// Logger logs configuration problems and limiter failures; nil discards.
+	Logger *slog.Logger
+	// ShadowMode (SHADOW_MODE) forces the overall code to OK; descriptor
+	// statuses still say OVER_LIMIT where a limit is exceeded.
+	ShadowMode bool
+	// DefaultBuckets is the number of buckets per window of a limit that does
+	// not choose one (window.DefaultBuckets if 0). It must divide one second
+	// exactly so that every unit's window can be laid out.
+	DefaultBuckets int
+	// NearLimitRatio is the fraction of a limit above which admitted hits
+	// count as near_limit (DefaultNearLimitRatio if 0).
+	NearLimitRatio float64
+	// MaxDetailedKeys caps the distinct metric keys of one rule with
+	// detailed_metric or value_to_metric (DefaultMaxDetailedKeys if 0);
+	// further values are counted under OverflowLabel.
+	MaxDetailedKeys int
+}
+
+// Service implements rlsv3.RateLimitServiceServer. It is safe for concurrent
+// use; rules are swapped atomically with SetRules.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	limiter   window.Limiter
+	breakers  Breakers
+	log       *slog.Logger
+	shadow    bool
+	buckets   int
+	nearRatio float64
+	metrics   *metrics
+
+	state   atomic.Pointer[ruleState]
+	scratch sync.Pool // *scratch
+}
+
+// New returns a Service with no rules loaded (it answers Unavailable until
+// SetRules is called).
+func New(opts Options) (*Service, error) {
+	if opts.Limiter == nil {
+		return nil, errors.New("service: Options.Limiter is required")
+	}
+	if opts.Registry == nil {
+		return nil, errors.New("service: Options.Registry is required")
+	}
+	buckets := opts.DefaultBuckets
+	if buckets == 0 {
+		buckets = window.DefaultBuckets
+	}
+	if _, err := window.NewSpec(time.Second, buckets); err != nil {
+		return nil, fmt.Errorf("service: default bucket count: %w", err)
+	}
+	ratio := opts.NearLimitRatio
+	if ratio == 0 {
+		ratio = DefaultNearLimitRatio
+	}
+	if ratio < 0 || ratio > 1 {
+		return nil, fmt.Errorf("service: near-limit ratio %v must be in (0, 1]", ratio)
+	}
+	maxDetailed := opts.MaxDetailedKeys
+	if maxDetailed <= 0 {
+		maxDetailed = DefaultMaxDetailedKeys
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(opts.Registry, maxDetailed)
+	if err != nil {
+		return nil, fmt.Errorf("service: registering metrics: %w", err)
+	}
+	s := &Service{
+		limiter:   opts.Limiter,
+		breakers:  opts.Breakers,
+		log:       log,
+		shadow:    opts.ShadowMode,
+		buckets:   buckets,
+		nearRatio: ratio,
+		metrics:   m,
+	}
+	s.scratch.New = func() any { return new(scratch) }
+	return s, nil
+}
+
+// SetRules atomically replaces the rule set; nil unloads every rule (the
+// service then answers Unavailable). Rules whose windows cannot be laid out
+// (see CheckRules) are logged and answer errors; validate with CheckRules
+// first to keep the previous set instead.
+func (s *Service) SetRules(set *descriptors.Set) {
+	if set == nil {
+		s.state.Store(nil)
+		return
+	}
+	st := s.prepare(set)
+	for _, info := range st.rules {
+		if info.err != nil {
+			s.log.Error("rate limit rule cannot be served", "rule", info.rule.ID,
+				"file", info.rule.File, "line", info.rule.Line, "err", info.err)
+		}
+	}
+	s.state.Store(st)
+}
+
+// Rules returns the rule set in use, nil if none is loaded.
+func (s *Service) Rules() *descriptors.Set {
+	if st := s.state.Load(); st != nil {
+		return st.set
+	}
+	return nil
+}
+
+// CheckRules reports every rule of set whose limits this service cannot lay
+// out (a window length its bucket count does not divide), as errors.Join of
+// *descriptors.Error; nil when the whole set can be served.
+func (s *Service) CheckRules(set *descriptors.Set) error {
+	if set == nil {
+		return nil
+	}
+	var errs []error
+	for _, r := range set.Rules() {
+		if info := s.newRuleInfo(r); info.err != nil {
+			errs = append(errs, &descriptors.Error{File: r.File, Line: r.Line, Reason: info.err.Error()})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ruleState is a rule set with what the service precomputes per rule.
+type ruleState struct {
+	set   *descriptors.Set
+	rules map[*descriptors.Rule]*ruleInfo
+}
+
+func (s *Service) prepare(set *descriptors.Set) *ruleState {
+	rules := set.Rules()
+	st := &ruleState{set: set, rules: make(map[*descriptors.Rule]*ruleInfo, len(rules))}
+	for _, r := range rules {
+		st.rules[r] = s.newRuleInfo(r)
+	}
+	return st
+}
+
+// info returns the precomputed data of a matched rule (computed on the spot,
+// uncached, for a rule the set did not list).
+func (st *ruleState) info(s *Service, r *descriptors.Rule) *ruleInfo {
+	if info, ok := st.rules[r]; ok {
+		return info
+	}
+	return s.newRuleInfo(r)
+}
+
+// ruleInfo is what the service precomputes for one rule.
+type ruleInfo struct {
+	rule     *descriptors.Rule
+	names    []string // names of the rule's limits, targets of replaces
+	limits   []limitInfo
+	err      error // the rule's windows cannot be laid out
+	constKey bool  // the counter keys do not depend on request values
+	counters *ruleCounters
+	detailed *detailedCounters // non-nil for detailed_metric/value_to_metric
+}
+
+// limitInfo is one limit of a rule, ready to be checked.
+type limitInfo struct {
+	spec   window.Spec
+	limit  uint64
+	suffix string // appended to the rule's key: distinguishes the limits' counters
+	key    string // the full counter key when the rule's key is constant
+	name   string
+	unit   rlsv3.RateLimitResponse_RateLimit_Unit
+	mult   uint32 // unit multiplier reported in current_limit (0 or 1: not reported)
+}
+
+func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
+	info := &ruleInfo{rule: r, names: r.Names(), constKey: true}
+	for _, e := range r.Path {
+		if e.Value == "" || strings.Contains(e.Value, "*") {
+			info.constKey = false
+		}
+	}
+	if r.DetailedMetric || r.ValueToMetric {
+		info.detailed = s.metrics.detailedFor(r.Domain, r.ID)
+	} else {
+		info.counters = s.metrics.counters(r.Domain, r.ID)
+	}
+	if r.Unlimited {
+		return info
+	}
+	var base []byte
+	if info.constKey {
+		base = r.AppendKey(nil, r.Path)
+	}
+	for i, l := range r.Limits {
+		buckets := l.Buckets
+		if buckets == 0 {
+			buckets = s.buckets
+		}
+		spec, err := window.NewSpec(l.Window(), buckets)
+		if err != nil {
+			info.err = fmt.Errorf("rule %s, limit %d: %w", r.ID, i+1, err)
+			info.limits = nil
+			return info
+		}
+		li := limitInfo{
+			spec:  spec,
+			limit: uint64(l.RequestsPerUnit),
+			name:  l.Name,
+			unit:  rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
+			mult:  reportedMultiplier(l),
+		}
+		li.suffix = specSuffix(spec, "")
+		for _, prev := range info.limits {
+			if prev.spec == spec {
+				// Two limits with the same window need distinct counters.
+				li.suffix = specSuffix(spec, "#"+strconv.Itoa(i))
+				break
+			}
+		}
+		if info.constKey {
+			li.key = string(base) + li.suffix
+		}
+		info.limits = append(info.limits, li)
+	}
+	return info
+}
+
+// specSuffix makes counter keys of different window layouts differ, as
+// window.Request requires, while the same layout keeps its counter across
+// reloads.
+func specSuffix(spec window.Spec, extra string) string {
+	return "\x00w" + strconv.FormatInt(int64(spec.Length()), 10) + "/" + strconv.Itoa(spec.Buckets()) + extra
+}
+
+// reportedMultiplier is the unit_multiplier to report for a limit.
+func reportedMultiplier(l descriptors.Limit) uint32 {
+	if l.Length > 0 {
+		if u := l.Unit.Duration(); u > 0 && l.Length%u == 0 && l.Length/u <= 1<<32-1 {
+			return uint32(l.Length / u)
+		}
+		return 0
+	}
+	return l.UnitMultiplier
+}
