@@ -14,6 +14,7 @@ import (
 // rawFile is one rule file (or xDS resource) after syntax checks, before the
 // semantic checks shared by every source.
 type rawFile struct {
+	bad         bool // the domain was malformed (already reported)
 	name        string
 	line        int // of the domain field
 	domain      string
@@ -73,6 +74,7 @@ type builder struct {
 	set     *Set
 	errs    []error
 	domains map[string]string // domain -> "file:line" of its definition
+	perFile map[string]int    // errors reported per file
 	ids     map[string]*Rule  // every node's ID -> its rule, to catch collisions
 }
 
@@ -80,12 +82,19 @@ func newBuilder() *builder {
 	return &builder{
 		set:     &Set{domains: map[string]*node{}, byID: map[string]*Rule{}},
 		domains: map[string]string{},
+		perFile: map[string]int{},
 		ids:     map[string]*Rule{},
 	}
 }
 
 func (b *builder) errorf(file string, line int, format string, args ...any) {
-	b.errs = append(b.errs, &Error{File: file, Line: line, Reason: fmt.Sprintf(format, args...)})
+	b.perFile[file]++
+	switch n := b.perFile[file]; {
+	case n <= maxErrors:
+		b.errs = append(b.errs, &Error{File: file, Line: line, Reason: fmt.Sprintf(format, args...)})
+	case n == maxErrors+1:
+		b.errs = append(b.errs, &Error{File: file, Line: line, Reason: "too many errors; stopped reporting"})
+	}
 }
 
 // result returns the set, or the joined errors when there are any.
@@ -98,6 +107,9 @@ func (b *builder) result() (*Set, error) {
 }
 
 func (b *builder) addFile(f *rawFile) {
+	if f.bad {
+		return
+	}
 	if f.domain == "" {
 		b.errorf(f.name, f.line, "config file cannot have empty domain")
 		return

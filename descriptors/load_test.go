@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -278,5 +279,49 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestParseHostileYAML covers inputs found by FuzzParse or built to attack
+// the loader: alias cycles and alias explosions must end quickly with an
+// error, and the error list stays bounded.
+func TestParseHostileYAML(t *testing.T) {
+	bomb := "domain: d\na: &a [{key: k}, {key: k}, {key: k}, {key: k}, {key: k}, {key: k}, {key: k}, {key: k}, {key: k}, {key: k}]\n"
+	prev := "a"
+	for _, l := range []string{"b", "c", "e", "f", "g", "h"} {
+		bomb += fmt.Sprintf("%s: &%s [", l, l)
+		for i := 0; i < 10; i++ {
+			bomb += fmt.Sprintf("{key: k%d, descriptors: *%s}, ", i, prev)
+		}
+		bomb += "]\n"
+		prev = l
+	}
+	bomb += "descriptors: *h\n" // 10^7 descriptors once expanded
+	tests := []struct {
+		name  string
+		input string
+		first string // the first error
+	}{
+		{"root alias cycle", "&a {domain: d, descriptors: [*a]}",
+			"x.yaml:1: config error, unknown key 'domain'"},
+		{"descriptors alias cycle", "domain: d\ndescriptors: &a [{key: k, descriptors: *a}, {key: j, descriptors: *a}]\n",
+			"x.yaml:2: config error, descriptors refer to themselves through a YAML alias"},
+		{"domain alias cycle", "domain: &a [*a]\n",
+			"x.yaml:1: config error, domain must be a string, got a list"},
+		{"metadata alias cycle", "domain: d\ndescriptors:\n - key: a\n   metadata: &m {x: *m}\n",
+			"x.yaml:4: error parsing metadata: yaml: anchor 'm' value contains itself"},
+		{"alias explosion", bomb, "x.yaml:2: config error, unknown key 'a'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]File{{Name: "x.yaml", Data: []byte(tt.input)}})
+			errs := unwrapErrors(t, err)
+			if len(errs) == 0 || errs[0].Error() != tt.first {
+				t.Fatalf("first error = %v, want %q", err, tt.first)
+			}
+			if len(errs) > 2*maxErrors+2 {
+				t.Errorf("%d errors reported, want at most %d", len(errs), 2*maxErrors+2)
+			}
+		})
 	}
 }

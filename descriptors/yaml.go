@@ -41,13 +41,23 @@ const (
 
 // reader turns one YAML rule file into a rawFile, collecting errors.
 type reader struct {
-	file  string
-	errs  []error
-	nodes int
+	file     string
+	errs     []error
+	nodes    int                 // list items read so far
+	tooLarge bool                // maxNodes exceeded (reported once)
+	active   map[*yaml.Node]bool // descriptors lists being read, to catch alias cycles
 }
 
+// maxErrors bounds the errors reported per file.
+const maxErrors = 100
+
 func (r *reader) errorf(line int, format string, args ...any) {
-	r.errs = append(r.errs, &Error{File: r.file, Line: line, Reason: fmt.Sprintf(format, args...)})
+	switch {
+	case len(r.errs) < maxErrors:
+		r.errs = append(r.errs, &Error{File: r.file, Line: line, Reason: fmt.Sprintf(format, args...)})
+	case len(r.errs) == maxErrors:
+		r.errs = append(r.errs, &Error{File: r.file, Line: line, Reason: "too many errors; stopped reporting"})
+	}
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
@@ -141,7 +151,9 @@ func parseYAML(name string, data []byte) (*rawFile, []error) {
 		switch name {
 		case "domain":
 			f.line = key.Line
-			f.domain, _ = r.str(name, val)
+			var ok bool
+			f.domain, ok = r.str(name, val)
+			f.bad = !ok
 		case "descriptors":
 			f.descriptors = r.descriptors(val)
 		}
@@ -222,7 +234,10 @@ func (r *reader) list(field string, n *yaml.Node) []*yaml.Node {
 		it = r.resolve(it)
 		r.nodes++
 		if r.nodes > maxNodes {
-			r.errorf(it.Line, "config error, more than %d descriptors and list items (YAML aliases?)", maxNodes)
+			if !r.tooLarge {
+				r.errorf(it.Line, "config error, more than %d descriptors and list items (YAML aliases?)", maxNodes)
+				r.tooLarge = true
+			}
 			return items
 		}
 		if it.Kind != yaml.MappingNode {
@@ -292,6 +307,15 @@ func (r *reader) duration(field string, n *yaml.Node) (time.Duration, bool) {
 }
 
 func (r *reader) descriptors(n *yaml.Node) []*rawDescriptor {
+	if r.active[n] {
+		r.errorf(n.Line, "config error, descriptors refer to themselves through a YAML alias")
+		return nil
+	}
+	if r.active == nil {
+		r.active = map[*yaml.Node]bool{}
+	}
+	r.active[n] = true
+	defer delete(r.active, n)
 	var out []*rawDescriptor
 	for _, it := range r.list("descriptors", n) {
 		out = append(out, r.descriptor(it))
