@@ -1,0 +1,49 @@
+package redisstore
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Store's Prometheus collectors.
+type metrics struct {
+	latency   *prometheus.HistogramVec // by op: do, undo, ping
+	errors    *prometheus.CounterVec   // by op
+	fallbacks *prometheus.CounterVec   // by mode: error, allow, deny, local
+	cacheHits prometheus.Counter
+	up        prometheus.Gauge
+}
+
+func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+	m := &metrics{
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leapgate_redis_call_duration_seconds",
+			Help:    "Duration of calls to Redis (one round trip each), by operation.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, []string{"op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_redis_errors_total",
+			Help: "Calls to Redis that failed, by operation.",
+		}, []string{"op"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_redis_fallbacks_total",
+			Help: "Batches answered by the failure mode (REDIS_FAILURE_MODE) because Redis failed or was down.",
+		}, []string{"mode"}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_redis_local_cache_hits_total",
+			Help: "Requests refused from the local over-limit cache without asking Redis.",
+		}),
+		up: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "leapgate_redis_up",
+			Help: "1 when the last health check of Redis succeeded, else 0.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.fallbacks, m.cacheHits, m.up} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
