@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-
 	"github.com/leapgate/leapgate/breaker"
 )
 
