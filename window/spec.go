@@ -39,3 +39,6 @@ func (s Spec) Buckets() int { return int(s.buckets) }
 
 // BucketLength returns the length of one bucket.
 func (s Spec) BucketLength() time.Duration { return time.Duration(s.length / s.buckets) }
+
+// valid reports whether s was built by NewSpec (the zero Spec is not).
+func (s Spec) valid() bool { return s.buckets >= 1 && s.length > 0 }

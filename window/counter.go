@@ -1,0 +1,288 @@
+package window
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// MaxLimit is the largest limit a Counter enforces; larger limits are
+// clamped to it. A bucket's count is a 32-bit field and never exceeds the
+// limit, and Envoy's requests_per_unit is itself a uint32.
+const MaxLimit = math.MaxUint32
+
+// Counter is the sliding window of one key: a ring of time buckets with a
+// running sum. It guarantees that in any window of length Spec.Length() at
+// most limit hits are admitted (see the package documentation for why).
+//
+// Each of the ring's Buckets()+1 slots is one 64-bit word packing the
+// bucket's epoch tag (high 32 bits) and its count (low 32 bits), so adding
+// to a bucket and resetting it for a newer epoch are both a single
+// compare-and-swap: a concurrent writer can never be wiped by a reset.
+//
+// A Counter is safe for concurrent use; its methods take no lock and do not
+// allocate. Every method takes the current time explicitly, as a Duration
+// since the origin of a monotonic Clock; a time earlier than one already
+// seen is treated as that newer time (a clock that steps back stands still).
+//
+// Epoch tags are truncated to 32 bits: a Counter left untouched for 2^31
+// bucket lengths (about 3.4 years with 50 ms buckets) may keep stale counts
+// until the ring comes round. A Store reclaims idle counters long before.
+type Counter struct {
+	spec      Spec
+	bucketLen int64
+	latest    atomic.Int64    // newest bucket epoch seen
+	total     atomic.Uint64   // sum of all undrained bucket counts (may be transiently high)
+	slots     []atomic.Uint64 // Buckets()+1 words: epoch tag << 32 | count
+}
+
+// NewCounter returns an empty Counter with the given layout. The Spec must
+// come from NewSpec; NewCounter panics on the zero Spec.
+func NewCounter(spec Spec) *Counter {
+	if spec.buckets < 1 || spec.length <= 0 {
+		panic("window: NewCounter with an invalid Spec (build it with NewSpec)")
+	}
+	return &Counter{
+		spec:      spec,
+		bucketLen: spec.length / spec.buckets,
+		slots:     make([]atomic.Uint64, spec.buckets+1),
+	}
+}
+
+// Spec returns the counter's window layout.
+func (c *Counter) Spec() Spec { return c.spec }
+
+// AllowAt atomically checks whether hits more hits fit under limit in the
+// window ending at now and, if they do, records them. Refused hits are not
+// recorded (an over-limit answer consumes no quota). With hits == 0 it only
+// checks whether one more hit would fit, and records nothing.
+//
+// Result.Bucket names the bucket the hits went to, for UndoAt.
+func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
+	limit = min(limit, MaxLimit)
+	e := c.advance(now)
+	if hits == 0 {
+		return c.check(now, e, limit)
+	}
+	var s uint64
+	for {
+		s = c.total.Load()
+		if s > limit || hits > limit-s {
+			return Result{
+				Remaining: limit - min(s, limit),
+				Reset:     c.retryAfter(now, e, s, hits, limit),
+				Bucket:    e,
+			}
+		}
+		if c.total.CompareAndSwap(s, s+hits) {
+			break
+		}
+	}
+	// Re-read latest after the admission so that the hit is never stamped
+	// older than a drain it benefited from.
+	bucket := max(e, c.latest.Load())
+	c.record(bucket, hits)
+	return Result{
+		Allowed:   true,
+		Recorded:  true,
+		Remaining: limit - s - hits,
+		Reset:     c.ageOut(now, bucket),
+		Bucket:    bucket,
+	}
+}
+
+// CountAt returns the number of hits counted in the window ending at now.
+// The count includes the whole of the oldest bucket that overlaps the
+// window, so it may exceed the hits of the exact window (never fall short).
+func (c *Counter) CountAt(now time.Duration) uint64 {
+	c.advance(now)
+	return c.total.Load()
+}
+
+// LastUsed returns the start of the newest bucket the counter has seen,
+// as a Duration on the counter's clock.
+func (c *Counter) LastUsed() time.Duration {
+	return time.Duration(c.latest.Load() * c.bucketLen)
+}
+
+// UndoAt takes back hits recorded in bucket (a Result.Bucket of an allowed
+// AllowAt) as if they had never been admitted. Hits whose bucket has since
+// left the window are already forgotten; nothing is taken back for them.
+func (c *Counter) UndoAt(bucket int64, hits uint64) {
+	if hits == 0 || bucket < 0 {
+		return
+	}
+	slot := &c.slots[bucket%int64(len(c.slots))]
+	for {
+		w := slot.Load()
+		cnt := count(w)
+		if tag(w) != uint32(bucket) || cnt == 0 {
+			return
+		}
+		sub := min(uint64(cnt), hits)
+		if slot.CompareAndSwap(w, w-sub) {
+			c.total.Add(^(sub - 1))
+			return
+		}
+	}
+}
+
+// RefundAt subtracts hits from the counter as of now, taking them from the
+// newest buckets first and never below zero: a refund of hits admitted
+// earlier (for example a request that turned out not to count).
+func (c *Counter) RefundAt(now time.Duration, hits uint64) {
+	e := c.advance(now)
+	k := c.spec.buckets
+	for x := e; x >= e-k && x >= 0 && hits > 0; x-- {
+		slot := &c.slots[x%int64(len(c.slots))]
+		for {
+			w := slot.Load()
+			cnt := count(w)
+			if cnt == 0 || !notNewer(tag(w), e) {
+				break
+			}
+			sub := min(uint64(cnt), hits)
+			if slot.CompareAndSwap(w, w-sub) {
+				c.total.Add(^(sub - 1))
+				hits -= sub
+				break
+			}
+		}
+	}
+}
+
+// idleAt reports whether nothing is counted in the window ending at now.
+func (c *Counter) idleAt(now time.Duration) bool { return c.CountAt(now) == 0 }
+
+// check answers a check-only request: would one more hit fit?
+func (c *Counter) check(now time.Duration, e int64, limit uint64) Result {
+	s := c.total.Load()
+	r := Result{Remaining: limit - min(s, limit), Bucket: e}
+	if s < limit {
+		r.Allowed = true
+		r.Reset = c.newestAgeOut(now, e)
+		return r
+	}
+	r.Reset = c.retryAfter(now, e, s, 1, limit)
+	return r
+}
+
+// advance moves the counter's newest epoch up to now's and drains the
+// buckets that left the window. It returns the epoch to act in: now's, or
+// the newest already seen if the clock stepped back.
+func (c *Counter) advance(now time.Duration) int64 {
+	e := int64(0)
+	if now > 0 {
+		e = int64(now) / c.bucketLen
+	}
+	for {
+		l := c.latest.Load()
+		if e <= l {
+			return l
+		}
+		if c.latest.CompareAndSwap(l, e) {
+			c.drain(l, e)
+			return e
+		}
+	}
+}
+
+// drain empties the slots of the epochs that left the window when the
+// newest epoch moved from prev to next: epochs prev-k .. next-k-1 (at most
+// one ring turn).
+func (c *Counter) drain(prev, next int64) {
+	k := c.spec.buckets
+	m := int64(len(c.slots))
+	hi := next - k - 1
+	lo := max(prev-k, hi-m+1, 0)
+	for x := lo; x <= hi; x++ {
+		slot := &c.slots[x%m]
+		for {
+			w := slot.Load()
+			cnt := count(w)
+			if cnt == 0 || !notNewer(tag(w), hi) {
+				break
+			}
+			if slot.CompareAndSwap(w, w&^math.MaxUint32) {
+				c.total.Add(^(uint64(cnt) - 1))
+				break
+			}
+		}
+	}
+}
+
+// record adds hits, already counted in total, to the slot of bucket.
+func (c *Counter) record(bucket int64, hits uint64) {
+	k := c.spec.buckets
+	if bucket <= c.latest.Load()-k-1 {
+		c.total.Add(^(hits - 1)) // the bucket already left the window
+		return
+	}
+	slot := &c.slots[bucket%int64(len(c.slots))]
+	for {
+		w := slot.Load()
+		switch d := int32(uint32(bucket) - tag(w)); {
+		case d == 0:
+			if slot.CompareAndSwap(w, w+hits) {
+				return
+			}
+		case d > 0: // the slot holds an older epoch: reset it to ours
+			if slot.CompareAndSwap(w, pack(bucket, hits)) {
+				if cnt := count(w); cnt > 0 {
+					c.total.Add(^(uint64(cnt) - 1))
+				}
+				return
+			}
+		default: // the ring came round while we were descheduled
+			c.total.Add(^(hits - 1))
+			return
+		}
+	}
+}
+
+// ageOut is the time from now until bucket leaves the window.
+func (c *Counter) ageOut(now time.Duration, bucket int64) time.Duration {
+	return max(0, time.Duration((bucket+c.spec.buckets+1)*c.bucketLen)-now)
+}
+
+// newestAgeOut is the time until every hit now counted ages out: the
+// age-out of the newest non-empty bucket, 0 when nothing is counted.
+func (c *Counter) newestAgeOut(now time.Duration, e int64) time.Duration {
+	m := int64(len(c.slots))
+	for x := e; x >= e-c.spec.buckets && x >= 0; x-- {
+		if count(c.slots[x%m].Load()) > 0 {
+			return c.ageOut(now, x)
+		}
+	}
+	return 0
+}
+
+// retryAfter is the time until enough old hits age out that hits more fit
+// under limit, given total s: the buckets are walked from the oldest and
+// the first one whose departure frees enough quota names the time. When no
+// window can ever take hits (hits > limit, e.g. limit 0) it is the full
+// window length: retrying sooner is pointless.
+func (c *Counter) retryAfter(now time.Duration, e int64, s, hits, limit uint64) time.Duration {
+	if hits > limit {
+		return c.spec.Length()
+	}
+	m := int64(len(c.slots))
+	var freed uint64
+	for x := max(e-c.spec.buckets, 0); x <= e; x++ {
+		freed += uint64(count(c.slots[x%m].Load()))
+		if freed >= s || s-freed <= limit-hits {
+			return c.ageOut(now, x)
+		}
+	}
+	// Hits admitted but not yet in a slot: they age out with bucket e at
+	// the latest.
+	return c.ageOut(now, e)
+}
+
+func pack(epoch int64, n uint64) uint64 { return uint64(uint32(epoch))<<32 | n }
+func tag(w uint64) uint32               { return uint32(w >> 32) }
+func count(w uint64) uint32             { return uint32(w) }
+
+// notNewer reports whether the epoch tag t is not newer than epoch e, in
+// serial-number arithmetic on the 32-bit tags.
+func notNewer(t uint32, e int64) bool { return int32(uint32(e)-t) >= 0 }

@@ -1,0 +1,287 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// storeShards is the number of independently locked parts of a Store's key
+// map. A power of two.
+const storeShards = 256
+
+// Store is the in-memory Limiter: one Counter per key, created on first use.
+//
+// A key is bound to the Spec it was created with: a request with the same
+// Key but another Spec (a rule whose window changed on reload) replaces the
+// counter with an empty one. The limit is per call, so a raised or lowered
+// limit applies at once to the existing window.
+//
+// Memory is bounded two ways. Sweep (run periodically by Run) reclaims
+// counters with nothing inside their window. With WithMaxKeys, creating a
+// key beyond the bound first evicts an approximately least recently used
+// one (see WithMaxKeys). Evicting a counter forgets its hits.
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	clock   Clock
+	seed    maphash.Seed
+	maxKeys int64
+	sample  int
+
+	keys      atomic.Int64
+	evictions atomic.Uint64
+	reclaims  atomic.Uint64
+	replaced  atomic.Uint64
+
+	shards [storeShards]storeShard
+}
+
+type storeShard struct {
+	mu sync.RWMutex
+	m  map[string]*Counter
+	_  [64 - 24 - 8]byte // keep shards on separate cache lines
+}
+
+// StoreOption configures a Store.
+type StoreOption func(*Store)
+
+// WithMaxKeys bounds the number of keys (counters) a Store holds. When a new
+// key would exceed it, the Store evicts from the new key's shard the least
+// recently used of a few sampled keys, preferring one with nothing in its
+// window (approximate LRU, as in Redis). Eviction happens within one shard,
+// so the bound may be exceeded by at most the shard count (256) while a
+// shard is empty. n <= 0 means no bound (the default).
+func WithMaxKeys(n int) StoreOption {
+	return func(s *Store) { s.maxKeys = int64(n) }
+}
+
+// NewStore returns an empty Store reading time from clock.
+func NewStore(clock Clock, opts ...StoreOption) *Store {
+	s := &Store{clock: clock, seed: maphash.MakeSeed(), sample: 8}
+	for _, o := range opts {
+		o(s)
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*Counter)
+	}
+	return s
+}
+
+// StoreStats are cumulative counts of a Store's memory management.
+type StoreStats struct {
+	// Keys is the number of counters held now.
+	Keys int64
+	// Evictions counts counters evicted because MaxKeys was reached.
+	Evictions uint64
+	// Reclaims counts idle counters removed by Sweep.
+	Reclaims uint64
+	// Replaced counts counters replaced because their key came with a new Spec.
+	Replaced uint64
+}
+
+// Stats returns the Store's current key count and cumulative evictions,
+// reclaims and replacements, for export as metrics.
+func (s *Store) Stats() StoreStats {
+	return StoreStats{
+		Keys:      s.keys.Load(),
+		Evictions: s.evictions.Load(),
+		Reclaims:  s.reclaims.Load(),
+		Replaced:  s.replaced.Load(),
+	}
+}
+
+// ErrInvalidSpec is returned (wrapped) for a Request whose Spec is the zero
+// Spec rather than one built by NewSpec.
+var ErrInvalidSpec = errors.New("window: invalid Spec (build it with NewSpec)")
+
+// Do answers reqs at the Store clock's current time, with the Limiter
+// contract: results[i] answers reqs[i]; if any request with Veto is refused
+// nothing is recorded (allowed requests are admitted in order, then undone);
+// refused requests never consume quota. A check-only request (Hits 0) on an
+// unknown key creates no counter.
+func (s *Store) Do(ctx context.Context, reqs []Request) ([]Result, error) {
+	results := make([]Result, len(reqs))
+	return results, s.DoAt(ctx, s.clock.Now(), reqs, results)
+}
+
+// DoAt is Do at an explicit time now, writing results[i] for reqs[i]
+// (results must be at least as long as reqs). It does not allocate for
+// existing keys.
+func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, results []Result) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(results) < len(reqs) {
+		return fmt.Errorf("window: %d results for %d requests", len(results), len(reqs))
+	}
+	for i := range reqs {
+		if !reqs[i].Spec.valid() {
+			return fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, ErrInvalidSpec)
+		}
+	}
+	vetoed := false
+	for i := range reqs {
+		results[i] = s.allow(now, &reqs[i])
+		if !results[i].Allowed && reqs[i].Veto {
+			vetoed = true
+		}
+	}
+	if vetoed {
+		for i := range reqs {
+			r := &results[i]
+			if !r.Recorded {
+				continue
+			}
+			s.undo(&reqs[i], r.Bucket)
+			r.Recorded = false
+			r.Remaining = min(r.Remaining+reqs[i].Hits, min(reqs[i].Limit, MaxLimit))
+		}
+	}
+	return nil
+}
+
+// Undo takes back the hits of results[i] with Recorded set, as recorded for
+// reqs[i] by an earlier Do. Hits whose bucket already left the window, or
+// whose counter was evicted or replaced since, are already forgotten.
+func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) error {
+	if len(results) < len(reqs) {
+		return fmt.Errorf("window: %d results for %d requests", len(results), len(reqs))
+	}
+	for i := range reqs {
+		if results[i].Recorded {
+			s.undo(&reqs[i], results[i].Bucket)
+		}
+	}
+	return nil
+}
+
+// CountAt returns the hits counted for key at now (0 for an unknown key).
+func (s *Store) CountAt(key string, now time.Duration) uint64 {
+	sh := s.shard(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if c := sh.m[key]; c != nil {
+		return c.CountAt(now)
+	}
+	return 0
+}
+
+// Sweep removes every counter with nothing inside its window at now and
+// returns how many it removed.
+func (s *Store) Sweep(now time.Duration) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, c := range sh.m {
+			if c.idleAt(now) {
+				delete(sh.m, k)
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	s.keys.Add(-int64(n))
+	s.reclaims.Add(uint64(n))
+	return n
+}
+
+// Run sweeps the Store every interval until ctx is done, then returns
+// ctx's error.
+func (s *Store) Run(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			s.Sweep(s.clock.Now())
+		}
+	}
+}
+
+func (s *Store) shard(key string) *storeShard {
+	return &s.shards[maphash.String(s.seed, key)&(storeShards-1)]
+}
+
+// allow answers one request.
+func (s *Store) allow(now time.Duration, req *Request) Result {
+	sh := s.shard(req.Key)
+	sh.mu.RLock()
+	c := sh.m[req.Key]
+	if c != nil && c.spec == req.Spec {
+		// The read lock keeps Sweep and eviction from removing the counter
+		// while hits go in, so no admitted hit is lost with it.
+		r := c.AllowAt(now, req.Hits, req.Limit)
+		sh.mu.RUnlock()
+		return r
+	}
+	sh.mu.RUnlock()
+	if req.Hits == 0 {
+		// Nothing counted for this key: answer without creating a counter.
+		limit := min(req.Limit, MaxLimit)
+		return Result{Allowed: limit > 0, Remaining: limit}
+	}
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	c = sh.m[req.Key]
+	switch {
+	case c == nil:
+		if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
+			s.evict(sh, now)
+		}
+		c = NewCounter(req.Spec)
+		sh.m[strings.Clone(req.Key)] = c
+		s.keys.Add(1)
+	case c.spec != req.Spec:
+		c = NewCounter(req.Spec)
+		sh.m[req.Key] = c
+		s.replaced.Add(1)
+	}
+	return c.AllowAt(now, req.Hits, req.Limit)
+}
+
+// evict removes one key from sh (locked): of a few sampled keys, the first
+// with nothing in its window, else the least recently used.
+func (s *Store) evict(sh *storeShard, now time.Duration) {
+	var victim string
+	var oldest time.Duration
+	found, n := false, 0
+	for k, c := range sh.m {
+		if c.idleAt(now) {
+			victim, found = k, true
+			break
+		}
+		if used := c.LastUsed(); !found || used < oldest {
+			victim, oldest, found = k, used, true
+		}
+		if n++; n >= s.sample {
+			break
+		}
+	}
+	if !found {
+		return
+	}
+	delete(sh.m, victim)
+	s.keys.Add(-1)
+	s.evictions.Add(1)
+}
+
+// undo takes back hits of req recorded in bucket, if req's counter is
+// still the one they were recorded in.
+func (s *Store) undo(req *Request, bucket int64) {
+	sh := s.shard(req.Key)
+	sh.mu.RLock()
+	if c := sh.m[req.Key]; c != nil && c.spec == req.Spec {
+		c.UndoAt(bucket, req.Hits)
+	}
+	sh.mu.RUnlock()
+}
