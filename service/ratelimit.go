@@ -615,11 +615,27 @@ type statusBlock struct {
 	mult   wrapperspb.UInt32Value
 }
 
+// singleResponse allocates a one-descriptor response in one piece.
+type singleResponse struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	block    [1]statusBlock
+}
+
 // respond builds the descriptor statuses.
 func (s *Service) respond(sc *scratch, results []window.Result) *rlsv3.RateLimitResponse {
 	n := len(sc.plans)
-	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
-	blocks := make([]statusBlock, n)
+	var resp *rlsv3.RateLimitResponse
+	var blocks []statusBlock
+	if n == 1 {
+		// The common case in one allocation.
+		one := new(singleResponse)
+		resp, blocks = &one.resp, one.block[:]
+		resp.Statuses = one.statuses[:]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+		blocks = make([]statusBlock, n)
+	}
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		b := &blocks[i]

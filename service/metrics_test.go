@@ -1,0 +1,209 @@
+package service
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestRuleMetrics(t *testing.T) {
+	type counts struct{ total, over, near, within, shadow, circuit float64 }
+	tests := []struct {
+		name   string
+		opts   func(*Options)
+		refuse map[string]time.Duration
+		reqs   []*rlsv3.RateLimitRequest
+		want   map[[2]string]counts // by (domain, key)
+	}{
+		{
+			name: "within, near and over limit",
+			reqs: repeat(4, req("test", desc("k", "exact"))),
+			// limit 3, near threshold floor(3*0.8)=2: the third hit is near.
+			want: map[[2]string]counts{{"test", "test.k_exact"}: {total: 4, within: 3, near: 1, over: 1}},
+		},
+		{
+			name: "hits are counted in units of hits_addend",
+			reqs: []*rlsv3.RateLimitRequest{reqHits("test", 2, desc("k", "exact")), reqHits("test", 2, desc("k", "exact"))},
+			// First: used 2, not above 2. Second: refused.
+			want: map[[2]string]counts{{"test", "test.k_exact"}: {total: 4, within: 2, over: 2}},
+		},
+		{
+			name: "near limit with a custom ratio",
+			opts: func(o *Options) { o.NearLimitRatio = 0.5 },
+			reqs: []*rlsv3.RateLimitRequest{reqHits("test", 3, desc("k", "exact"))},
+			// threshold floor(1.5)=1, used 3: two of the three hits are near.
+			want: map[[2]string]counts{{"test", "test.k_exact"}: {total: 3, within: 3, near: 2}},
+		},
+		{
+			name: "value-less rule aggregates values under the rule",
+			reqs: []*rlsv3.RateLimitRequest{req("test", desc("user", "a")), req("test", desc("user", "b")), req("test", desc("user", "c"))},
+			want: map[[2]string]counts{{"test", "test.user"}: {total: 3, within: 3}},
+		},
+		{
+			name: "shadow mode",
+			reqs: repeat(3, req("test", desc("shadow", "x"))),
+			want: map[[2]string]counts{{"test", "test.shadow"}: {total: 3, within: 1, near: 1, over: 2, shadow: 2}},
+		},
+		{
+			name: "unlimited",
+			reqs: repeat(2, req("test", desc("free", "x"))),
+			want: map[[2]string]counts{{"test", "test.free"}: {total: 2, within: 2}},
+		},
+		{
+			name:   "circuit breaker refusals",
+			refuse: map[string]time.Duration{"test.backend_api": time.Second},
+			reqs:   repeat(2, req("test", desc("backend", "api"))),
+			want:   map[[2]string]counts{{"test", "test.backend_api"}: {total: 2, circuit: 2}},
+		},
+		{
+			name: "override without a rule",
+			reqs: repeat(2, req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0)))),
+			want: map[[2]string]counts{{"test", OverrideLabel}: {total: 2, within: 1, near: 1, over: 1}},
+		},
+		{
+			name: "detailed metric keys capped",
+			opts: func(o *Options) { o.MaxDetailedKeys = 2 },
+			reqs: []*rlsv3.RateLimitRequest{
+				req("test", desc("detailed", "a")), req("test", desc("detailed", "b")),
+				req("test", desc("detailed", "c")), req("test", desc("detailed", "d")), req("test", desc("detailed", "a")),
+			},
+			want: map[[2]string]counts{
+				{"test", "test.detailed_a"}: {total: 2, within: 2},
+				{"test", "test.detailed_b"}: {total: 1, within: 1},
+				{"test", OverflowLabel}:     {total: 2, within: 2},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+				if tt.refuse != nil {
+					o.Breakers = &fakeBreakers{refuse: tt.refuse}
+				}
+				if tt.opts != nil {
+					tt.opts(o)
+				}
+			})
+			for _, r := range tt.reqs {
+				if _, err := h.call(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for k, w := range tt.want {
+				got := counts{
+					total:   h.counter("total_hits", k[0], k[1]),
+					over:    h.counter("over_limit", k[0], k[1]),
+					near:    h.counter("near_limit", k[0], k[1]),
+					within:  h.counter("within_limit", k[0], k[1]),
+					shadow:  h.counter("shadow_mode", k[0], k[1]),
+					circuit: h.counter("circuit_open", k[0], k[1]),
+				}
+				if got != w {
+					t.Errorf("%v: got %+v, want %+v", k, got, w)
+				}
+			}
+			// Every rule has its series (at 0 until used); no other key label
+			// exists: request values never leak into labels.
+			allowed := map[string]bool{}
+			for _, r := range h.svc.Rules().Rules() {
+				if !r.DetailedMetric && !r.ValueToMetric {
+					allowed[r.ID] = true
+				}
+			}
+			for k := range tt.want {
+				allowed[k[1]] = true
+			}
+			mfs, err := h.reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() != "ratelimit_service_rate_limit_total_hits" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "key" && !allowed[l.GetValue()] {
+							t.Errorf("unexpected key label %q", l.GetValue())
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func repeat(n int, r *rlsv3.RateLimitRequest) []*rlsv3.RateLimitRequest {
+	out := make([]*rlsv3.RateLimitRequest, n)
+	for i := range out {
+		out[i] = r
+	}
+	return out
+}
+
+func TestServiceMetrics(t *testing.T) {
+	h := newHarness(t, mustParse(t, testRules, otherRules), func(o *Options) { o.ShadowMode = true })
+	calls := []*rlsv3.RateLimitRequest{
+		req("test", desc("ban", "x")),  // over, forced OK by global shadow
+		req("test", desc("k", "exact")), // OK: no global shadow count
+		req("nope", desc("k", "v")),
+		req("", desc("k", "v")),
+		req("test"),
+	}
+	for _, c := range calls {
+		h.call(c)
+	}
+	for i := 0; i < maxUnknownDomains+5; i++ {
+		h.call(req(fmt.Sprintf("unknown-%d", i), desc("k", "v")))
+	}
+	if got := testutil.ToFloat64(h.svc.metrics.globalShadow); got != 1 {
+		t.Errorf("global_shadow_mode = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(h.svc.metrics.domainNotFound.WithLabelValues("nope")); got != 1 {
+		t.Errorf("domain_not_found{nope} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(h.svc.metrics.domainNotFound.WithLabelValues(OverflowLabel)); got != 6 {
+		t.Errorf("domain_not_found{%s} = %v, want 6", OverflowLabel, got)
+	}
+	if n := testutil.CollectAndCount(h.svc.metrics.domainNotFound); n != maxUnknownDomains+1 {
+		t.Errorf("domain_not_found has %d series, want %d", n, maxUnknownDomains+1)
+	}
+	if got := testutil.ToFloat64(h.svc.metrics.errors.WithLabelValues(errTypeInvalid)); got != 2 {
+		t.Errorf("should_rate_limit_error{invalid_request} = %v, want 2", got)
+	}
+
+	// The exported names mirror envoyproxy/ratelimit's Prometheus mapping.
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	got := strings.Join(names, " ")
+	for _, want := range []string{
+		"ratelimit_service_rate_limit_total_hits", "ratelimit_service_rate_limit_over_limit",
+		"ratelimit_service_rate_limit_near_limit", "ratelimit_service_rate_limit_within_limit",
+		"ratelimit_service_rate_limit_shadow_mode", "ratelimit_service_rate_limit_circuit_open",
+		"ratelimit_service_global_shadow_mode", "ratelimit_service_domain_not_found",
+		"ratelimit_service_should_rate_limit_error",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("metric %s not registered (have %s)", want, got)
+		}
+	}
+	// A second service cannot register on the same registry: no silent sharing.
+	if _, err := New(Options{Limiter: h.store, Registry: h.reg}); err == nil {
+		t.Error("New registered its metrics twice on one registry")
+	}
+	if _, err := New(Options{Limiter: h.store, Registry: prometheus.NewRegistry()}); err != nil {
+		t.Errorf("New on a fresh registry: %v", err)
+	}
+}
