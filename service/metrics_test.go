@@ -150,7 +150,7 @@ func repeat(n int, r *rlsv3.RateLimitRequest) []*rlsv3.RateLimitRequest {
 func TestServiceMetrics(t *testing.T) {
 	h := newHarness(t, mustParse(t, testRules, otherRules), func(o *Options) { o.ShadowMode = true })
 	calls := []*rlsv3.RateLimitRequest{
-		req("test", desc("ban", "x")),  // over, forced OK by global shadow
+		req("test", desc("ban", "x")),   // over, forced OK by global shadow
 		req("test", desc("k", "exact")), // OK: no global shadow count
 		req("nope", desc("k", "v")),
 		req("", desc("k", "v")),
