@@ -217,6 +217,14 @@ descriptors:
       - key: method
         detailed_metric: true
         rate_limit: {unit: second, requests_per_unit: 1}
+  - key: ip
+    value: "10.*"
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: agent
+        detailed_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
 `)})
 	tests := []struct {
 		entries []Entry
@@ -227,6 +235,8 @@ descriptors:
 		{entries("route", "/a", "user", "alice"), "m.route_/a.user"},
 		{entries("host", "www.example.com"), "m.host_www.example.com"},
 		{entries("svc", "api", "method", "GET"), "m.svc_api.method_GET"},
+		// share_threshold keeps the pattern even with detailed_metric or value_to_metric.
+		{entries("ip", "10.1.2.3", "agent", "curl"), "m.ip_10.*.agent_curl"},
 	}
 	for _, tt := range tests {
 		r := s.Match("m", tt.entries)

@@ -202,26 +202,17 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 }
 
 // MetricKey returns the stats key of a request descriptor matched by the
-// rule: the rule's ID, unless the rule has detailed_metric (then the
-// request's own path, "domain.key_value.key_value...", as in
-// envoyproxy/ratelimit) or a level of its path has value_to_metric (then
-// that level appears as key_<request value>). Only these two options put
-// request values, and so unbounded cardinality, into metrics.
+// rule, as envoyproxy/ratelimit names its stats: the rule's ID, unless
+//   - the rule has detailed_metric: the request's own path,
+//     "domain.key_value.key_value...";
+//   - a level of its path has value_to_metric: that level appears as
+//     key_<request value> instead of key or key_<pattern>.
+//
+// A share_threshold level always shows its pattern, never the request's
+// value. Only these options put request values, and so unbounded
+// cardinality, into metrics.
 func (r *Rule) MetricKey(entries []Entry) string {
-	if r.DetailedMetric {
-		var b strings.Builder
-		b.WriteString(r.Domain)
-		for _, e := range entries {
-			b.WriteByte('.')
-			b.WriteString(e.Key)
-			if e.Value != "" {
-				b.WriteByte('_')
-				b.WriteString(e.Value)
-			}
-		}
-		return b.String()
-	}
-	withValues := false
+	withValues := r.DetailedMetric
 	for _, l := range r.levels {
 		withValues = withValues || l.valueToMetric
 	}
@@ -231,12 +222,13 @@ func (r *Rule) MetricKey(entries []Entry) string {
 	var b strings.Builder
 	b.WriteString(r.Domain)
 	for i, p := range r.Path {
-		b.WriteByte('.')
-		b.WriteString(p.Key)
 		v := p.Value
-		if r.levels[i].valueToMetric && i < len(entries) {
+		useRequest := (r.DetailedMetric || r.levels[i].valueToMetric) && !r.levels[i].share
+		if useRequest && i < len(entries) {
 			v = entries[i].Value
 		}
+		b.WriteByte('.')
+		b.WriteString(p.Key)
 		if v != "" {
 			b.WriteByte('_')
 			b.WriteString(v)
