@@ -121,10 +121,11 @@ type Settings struct {
 	// SweepInterval is how often the in-memory backend reclaims counters
 	// with nothing left inside their window.
 	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"10s"`
-	// BackendType chooses where windows live: "memory" (this process).
-	// The Redis engineer adds "redis" and a Redis settings struct in
-	// config/redis.go (embed it here as `Redis RedisSettings`).
+	// BackendType chooses where windows live: "memory" (this process) or
+	// "redis" (shared by all replicas; see Redis).
 	BackendType string `envconfig:"BACKEND_TYPE" default:"memory"`
+	// Redis configures BACKEND_TYPE=redis (REDIS_* variables, config/redis.go).
+	Redis Redis
 }
 
 // Load reads the settings from the environment and validates them.
@@ -297,8 +298,15 @@ func (s Settings) Validate() error {
 	}
 	switch s.BackendType {
 	case BackendMemory:
+	case BackendRedis:
+		if err := s.Redis.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if s.WindowBuckets > 0 && 1_000_000%s.WindowBuckets != 0 {
+			bad("WINDOW_BUCKETS", "%d buckets per second are not whole microseconds, as the Redis backend needs", s.WindowBuckets)
+		}
 	default:
-		bad("BACKEND_TYPE", "unknown backend %q (want %s)", s.BackendType, BackendMemory)
+		bad("BACKEND_TYPE", "unknown backend %q (want %s or %s)", s.BackendType, BackendMemory, BackendRedis)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid settings: %w", errors.Join(errs...))

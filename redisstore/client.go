@@ -50,6 +50,7 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 			PoolTimeout:      s.Timeout,
 			PoolSize:         s.PoolSize,
 			MaxRetries:       -1,
+			DialerRetries:    1,
 			TLSConfig:        tlsConfig,
 			DisableIdentity:  true,
 		}), false, nil
@@ -65,6 +66,7 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 			PoolTimeout:              s.Timeout,
 			PoolSize:                 s.PoolSize,
 			MaxRetries:               -1,
+			DialerRetries:            1, // one dial per attempt: a dead Redis costs one Timeout, not five
 			TLSConfig:                tlsConfig,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: noMaint,
@@ -82,6 +84,7 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 			PoolTimeout:              s.Timeout,
 			PoolSize:                 s.PoolSize,
 			MaxRetries:               -1,
+			DialerRetries:            1, // one dial per attempt: a dead Redis costs one Timeout, not five
 			TLSConfig:                tlsConfig,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: noMaint,
