@@ -14,13 +14,14 @@ import (
 // rawFile is one rule file (or xDS resource) after syntax checks, before the
 // semantic checks shared by every source.
 type rawFile struct {
-	bad         bool // the domain was malformed (already reported)
 	name        string
 	line        int // of the domain field
 	domain      string
 	descriptors []*rawDescriptor
+	bad         bool // the domain was malformed (already reported)
 }
 
+// rawDescriptor is one descriptor node; lines locate its fields for errors.
 type rawDescriptor struct {
 	line           int
 	lines          map[string]int // field name -> line of its value
@@ -38,6 +39,7 @@ type rawDescriptor struct {
 	bad            bool // key or value was malformed (already reported)
 }
 
+// rawLimit is one rate_limit block (or rate_limits item).
 type rawLimit struct {
 	line            int
 	lines           map[string]int
@@ -55,6 +57,7 @@ type rawLimit struct {
 	bad             bool // a field was malformed (already reported)
 }
 
+// rawReplace is one replaces entry.
 type rawReplace struct {
 	line int
 	name string
@@ -311,7 +314,7 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 	if _, err := window.NewSpec(l.Window(), buckets); err != nil {
 		reason := err.Error()
 		if !rl.bucketsSet {
-			reason += fmt.Sprintf(" (the default bucket count); set buckets to a divisor of the window")
+			reason += " (the default bucket count); set buckets to a divisor of the window"
 		}
 		b.errorf(f.name, at(rl.lines, field, rl.line), "%s", reason)
 		return l, false

@@ -2,6 +2,8 @@ package descriptors
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -329,5 +331,29 @@ func BenchmarkAppendKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		buf = r.AppendKey(buf[:0], es)
+	}
+}
+
+// BenchmarkParse parses a generated file of 1000 descriptors (500 exact
+// values, 250 wildcards, 250 two-level rules): the cost of a reload.
+func BenchmarkParse(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("domain: bench\ndescriptors:\n")
+	for i := 0; i < 500; i++ {
+		fmt.Fprintf(&sb, "  - key: user\n    value: u%d\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", i, i+1)
+	}
+	for i := 0; i < 250; i++ {
+		fmt.Fprintf(&sb, "  - key: path\n    value: /p%d/*\n    rate_limits:\n      - {unit: second, requests_per_unit: 10}\n      - {window: 30s, requests_per_unit: 100, buckets: 30}\n", i)
+	}
+	for i := 0; i < 250; i++ {
+		fmt.Fprintf(&sb, "  - key: svc\n    value: s%d\n    descriptors:\n      - key: op\n        rate_limit: {unit: hour, requests_per_unit: 5}\n", i)
+	}
+	data := []byte(sb.String())
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse([]File{{Name: "bench.yaml", Data: data}}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
