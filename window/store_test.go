@@ -1,0 +1,187 @@
+package window
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeClock is a Clock the test moves by hand.
+type fakeClock struct{ now atomic.Int64 }
+
+func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
+func (c *fakeClock) Set(t time.Duration)     { c.now.Store(int64(t)) }
+func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
+
+func TestStoreDo(t *testing.T) {
+	sec := mustSpec(t, time.Second, 10)
+	minute := mustSpec(t, time.Minute, 60)
+	type step struct {
+		reqs    []Request
+		allowed []bool
+		recs    []bool
+	}
+	tests := []struct {
+		name   string
+		steps  []step
+		counts map[string]uint64 // expected counts at the end
+	}{
+		{
+			name: "veto refusal records nothing",
+			steps: []step{
+				{[]Request{{Key: "a", Spec: sec, Limit: 5, Hits: 4}}, []bool{true}, []bool{true}},
+				{[]Request{
+					{Key: "b", Spec: sec, Limit: 5, Hits: 1, Veto: true},
+					{Key: "a", Spec: sec, Limit: 5, Hits: 2, Veto: true},
+					{Key: "c", Spec: minute, Limit: 5, Hits: 1, Veto: true},
+				}, []bool{true, false, true}, []bool{false, false, false}},
+			},
+			counts: map[string]uint64{"a": 4, "b": 0, "c": 0},
+		},
+		{
+			name: "non-veto refusal (shadow) does not cancel the others",
+			steps: []step{
+				{[]Request{{Key: "a", Spec: sec, Limit: 1, Hits: 1}}, []bool{true}, []bool{true}},
+				{[]Request{
+					{Key: "a", Spec: sec, Limit: 1, Hits: 1, Veto: false},
+					{Key: "b", Spec: sec, Limit: 5, Hits: 2, Veto: true},
+				}, []bool{false, true}, []bool{false, true}},
+			},
+			counts: map[string]uint64{"a": 1, "b": 2},
+		},
+		{
+			name: "same key twice in one batch",
+			steps: []step{
+				{[]Request{
+					{Key: "a", Spec: sec, Limit: 3, Hits: 2, Veto: true},
+					{Key: "a", Spec: sec, Limit: 3, Hits: 2, Veto: true},
+				}, []bool{true, false}, []bool{false, false}},
+				{[]Request{
+					{Key: "a", Spec: sec, Limit: 3, Hits: 2, Veto: true},
+					{Key: "a", Spec: sec, Limit: 3, Hits: 1, Veto: true},
+				}, []bool{true, true}, []bool{true, true}},
+			},
+			counts: map[string]uint64{"a": 3},
+		},
+		{
+			name: "check only counts nothing",
+			steps: []step{
+				{[]Request{{Key: "a", Spec: sec, Limit: 1, Hits: 0}}, []bool{true}, []bool{false}},
+				{[]Request{{Key: "a", Spec: sec, Limit: 0, Hits: 0}}, []bool{false}, []bool{false}},
+			},
+			counts: map[string]uint64{"a": 0},
+		},
+		{
+			name: "new spec replaces the counter",
+			steps: []step{
+				{[]Request{{Key: "a", Spec: sec, Limit: 2, Hits: 2}}, []bool{true}, []bool{true}},
+				{[]Request{{Key: "a", Spec: minute, Limit: 2, Hits: 1}}, []bool{true}, []bool{true}},
+			},
+			counts: map[string]uint64{"a": 1},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := &fakeClock{}
+			clock.Set(time.Hour)
+			s := NewStore(clock)
+			for i, st := range tt.steps {
+				res, err := s.Do(context.Background(), st.reqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, r := range res {
+					if r.Allowed != st.allowed[j] || r.Recorded != st.recs[j] {
+						t.Fatalf("step %d request %d: %+v, want allowed %v recorded %v", i, j, r, st.allowed[j], st.recs[j])
+					}
+				}
+			}
+			for k, want := range tt.counts {
+				if got := s.CountAt(k, clock.Now()); got != want {
+					t.Fatalf("count of %q = %d, want %d", k, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestStoreVetoRestoresRemaining(t *testing.T) {
+	sec := mustSpec(t, time.Second, 10)
+	s := NewStore(&fakeClock{})
+	res, _ := s.Do(context.Background(), []Request{
+		{Key: "a", Spec: sec, Limit: 10, Hits: 3, Veto: true},
+		{Key: "b", Spec: sec, Limit: 0, Hits: 1, Veto: true},
+	})
+	if res[0].Remaining != 10 {
+		t.Fatalf("remaining of the undone request = %d, want 10", res[0].Remaining)
+	}
+}
+
+func TestStoreErrors(t *testing.T) {
+	s := NewStore(&fakeClock{})
+	_, err := s.Do(context.Background(), []Request{{Key: "a", Limit: 1, Hits: 1}})
+	if !errors.Is(err, ErrInvalidSpec) {
+		t.Fatalf("zero Spec: error %v, want ErrInvalidSpec", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Do(ctx, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: error %v", err)
+	}
+	if got := s.Stats().Keys; got != 0 {
+		t.Fatalf("failed requests created %d keys", got)
+	}
+}
+
+func TestStoreUndo(t *testing.T) {
+	sec := mustSpec(t, time.Second, 10)
+	clock := &fakeClock{}
+	s := NewStore(clock)
+	reqs := []Request{{Key: "a", Spec: sec, Limit: 10, Hits: 4}, {Key: "b", Spec: sec, Limit: 1, Hits: 2}}
+	res, _ := s.Do(context.Background(), reqs)
+	clock.Advance(300 * time.Millisecond)
+	if err := s.Undo(context.Background(), reqs, res); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CountAt("a", clock.Now()); got != 0 {
+		t.Fatalf("count after undo = %d", got)
+	}
+}
+
+// Many goroutines, many keys, one instant: every key admits exactly its
+// limit through the Store.
+func TestStoreAtomicAdmission(t *testing.T) {
+	spec := mustSpec(t, time.Second, 20)
+	s := NewStore(&fakeClock{})
+	const keys, limit = 8, 200
+	var admitted [keys]atomic.Uint64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results := make([]Result, 1)
+			for i := range 1000 {
+				k := (i + g) % keys
+				req := []Request{{Key: fmt.Sprint("k", k), Spec: spec, Limit: limit, Hits: 1, Veto: true}}
+				if err := s.DoAt(context.Background(), time.Minute, req, results); err != nil {
+					t.Error(err)
+					return
+				}
+				if results[0].Recorded {
+					admitted[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range keys {
+		if got := admitted[k].Load(); got != limit {
+			t.Fatalf("key %d admitted %d, want exactly %d", k, got, limit)
+		}
+	}
+}
