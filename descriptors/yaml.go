@@ -503,8 +503,8 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 			valid = false
 		}
 	case strategyErrorCount:
-		if thresholdSet && b.Threshold < 1 {
-			r.errorf(line("threshold"), "circuit_breaker: threshold of strategy error_count must be at least 1, got %g", b.Threshold)
+		if thresholdSet && (b.Threshold < 1 || b.Threshold != math.Trunc(b.Threshold)) {
+			r.errorf(line("threshold"), "circuit_breaker: threshold of strategy error_count must be a whole number of at least 1, got %g", b.Threshold)
 			valid = false
 		}
 	case "":
