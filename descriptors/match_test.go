@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -356,4 +357,29 @@ func BenchmarkParse(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestMatchConcurrent reads one Set from many goroutines (run with -race).
+func TestMatchConcurrent(t *testing.T) {
+	s := mustParse(t, File{Name: "web.yaml", Data: []byte(matchRules)})
+	es := entries("svc", "billing", "op", "read")
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []byte
+			for i := 0; i < 1000; i++ {
+				r := s.Match("web", es)
+				if r == nil || r.ID != "web.svc_*.op_*" {
+					t.Errorf("Match = %v", r)
+					return
+				}
+				buf = r.AppendKey(buf[:0], es)
+				_ = r.MetricKey(es)
+				_ = s.Rules()
+			}
+		}()
+	}
+	wg.Wait()
 }
