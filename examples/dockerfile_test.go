@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
@@ -242,6 +243,13 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf(".dockerignore excludes %s", f)
 		}
 	}
+	// Every source and embedded file of the module the built commands need
+	// must reach the build context.
+	for _, f := range moduleFilesOf(t, built) {
+		if dockerignoreMatch(ignore, f) {
+			t.Errorf(".dockerignore excludes %s, which the image's build needs", f)
+		}
+	}
 
 	for _, name := range []string{"ratelimit", "demo-upstream"} {
 		t.Run(name, func(t *testing.T) {
@@ -285,6 +293,40 @@ func TestDockerfile(t *testing.T) {
 	if stages[""] != stages["ratelimit"] {
 		t.Error("the default (last) stage must be the ratelimit service")
 	}
+}
+
+// moduleFilesOf lists, relative to the repository root, the Go and embedded
+// files of this module that the packages pkgs depend on.
+func moduleFilesOf(t *testing.T, pkgs []string) []string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"list", "-e", "-deps", "-f", `{{if not .Standard}}{{.Dir}}|{{join .GoFiles ","}},{{join .EmbedFiles ","}}{{end}}`}, pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", pkgs, err)
+	}
+	var files []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		dir, names, ok := strings.Cut(line, "|")
+		rel, err := filepath.Rel(root, dir)
+		if !ok || err != nil || strings.HasPrefix(rel, "..") {
+			continue // another module
+		}
+		for _, n := range strings.Split(names, ",") {
+			if n != "" {
+				files = append(files, filepath.ToSlash(filepath.Join(rel, n)))
+			}
+		}
+	}
+	if len(files) == 0 {
+		t.Fatalf("go list found no files for %v", pkgs)
+	}
+	return files
 }
 
 func TestDockerignoreMatch(t *testing.T) {
