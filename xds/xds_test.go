@@ -1,0 +1,204 @@
+package xds
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/leapgate/leapgate/descriptors"
+)
+
+const nodeID = "leapgate-test"
+
+// managementServer is an in-process go-control-plane server that records
+// every discovery request it receives (ACKs and NACKs).
+type managementServer struct {
+	cache cachev3.SnapshotCache
+	grpc  *grpc.Server
+
+	mu       sync.Mutex
+	requests []*discoverygrpc.DiscoveryRequest
+	changed  chan struct{}
+}
+
+func startManagementServer(t *testing.T, addr string) (*managementServer, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &managementServer{cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), changed: make(chan struct{}, 100)}
+	callbacks := serverv3.CallbackFuncs{
+		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
+			m.mu.Lock()
+			m.requests = append(m.requests, req)
+			m.mu.Unlock()
+			m.changed <- struct{}{}
+			return nil
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := serverv3.NewServer(ctx, m.cache, callbacks)
+	m.grpc = grpc.NewServer()
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(m.grpc, srv)
+	go func() { _ = m.grpc.Serve(lis) }()
+	t.Cleanup(func() { m.grpc.Stop(); cancel() })
+	return m, lis.Addr().String()
+}
+
+func (m *managementServer) publish(t *testing.T, version string, cfgs ...*rlsconfv3.RateLimitConfig) {
+	t.Helper()
+	res := make([]types.Resource, len(cfgs))
+	for i, c := range cfgs {
+		res[i] = c
+	}
+	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cache.SetSnapshot(context.Background(), nodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitRequest waits until a recorded request satisfies ok.
+func (m *managementServer) waitRequest(t *testing.T, what string, ok func(*discoverygrpc.DiscoveryRequest) bool) *discoverygrpc.DiscoveryRequest {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		m.mu.Lock()
+		for _, r := range m.requests {
+			if ok(r) {
+				m.mu.Unlock()
+				return r
+			}
+		}
+		m.mu.Unlock()
+		select {
+		case <-m.changed:
+		case <-timeout:
+			t.Fatalf("no discovery request %s within 10s", what)
+		}
+	}
+}
+
+func config(name, domain, key string, rpu uint32) *rlsconfv3.RateLimitConfig {
+	return &rlsconfv3.RateLimitConfig{
+		Name:   name,
+		Domain: domain,
+		Descriptors: []*rlsconfv3.RateLimitDescriptor{{
+			Key:       key,
+			RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: rpu},
+		}},
+	}
+}
+
+func limitOf(t *testing.T, set *descriptors.Set, domain, key string) uint32 {
+	t.Helper()
+	rule := set.Match(domain, []descriptors.Entry{{Key: key, Value: "v"}})
+	if rule == nil || len(rule.Limits) == 0 {
+		t.Fatalf("no limit for %s/%s in the applied set", domain, key)
+	}
+	return rule.Limits[0].RequestsPerUnit
+}
+
+func TestSubscribeAppliesAcksNacksAndReconnects(t *testing.T) {
+	m, addr := startManagementServer(t, "127.0.0.1:0")
+	m.publish(t, "1", config("edge-rules", "edge", "user", 10))
+
+	applied := make(chan *descriptors.Set, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Subscribe(ctx, Options{
+			ServerURL:      addr,
+			NodeID:         nodeID,
+			NodeMetadata:   map[string]string{"cluster": "test"},
+			DialOptions:    []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			BackoffInitial: 10 * time.Millisecond,
+			BackoffMax:     50 * time.Millisecond,
+			Apply:          func(s *descriptors.Set) { applied <- s },
+		})
+	}()
+	next := func() *descriptors.Set {
+		t.Helper()
+		select {
+		case s := <-applied:
+			return s
+		case <-time.After(10 * time.Second):
+			t.Fatal("no rule set applied within 10s")
+			return nil
+		}
+	}
+
+	// A good config is applied and ACKed (the next request carries its version).
+	if got := limitOf(t, next(), "edge", "user"); got != 10 {
+		t.Fatalf("applied limit = %d, want 10", got)
+	}
+	m.waitRequest(t, "ACKing version 1", func(r *discoverygrpc.DiscoveryRequest) bool {
+		return r.GetVersionInfo() == "1" && r.GetErrorDetail() == nil
+	})
+	if first := m.waitRequest(t, "with node", func(*discoverygrpc.DiscoveryRequest) bool { return true }); first.GetNode().GetId() != nodeID ||
+		first.GetNode().GetMetadata().GetFields()["cluster"].GetStringValue() != "test" {
+		t.Fatalf("node = %v, want id %q with metadata cluster=test", first.GetNode(), nodeID)
+	}
+
+	// A bad config (empty domain) is NACKed with the reason and not applied.
+	m.publish(t, "2", config("broken", "", "user", 5))
+	nack := m.waitRequest(t, "NACKing version 2", func(r *discoverygrpc.DiscoveryRequest) bool { return r.GetErrorDetail() != nil })
+	if msg := nack.GetErrorDetail().GetMessage(); !strings.Contains(msg, "domain") {
+		t.Fatalf("NACK reason %q does not name the empty domain", msg)
+	}
+	if nack.GetVersionInfo() != "1" {
+		t.Fatalf("NACK carries version %q, want the last good version 1", nack.GetVersionInfo())
+	}
+	select {
+	case s := <-applied:
+		t.Fatalf("a rejected config was applied: %v", s)
+	default:
+	}
+
+	// A fixed config is applied again.
+	m.publish(t, "3", config("edge-rules", "edge", "user", 30))
+	if got := limitOf(t, next(), "edge", "user"); got != 30 {
+		t.Fatalf("applied limit = %d, want 30", got)
+	}
+
+	// The server goes away and comes back on the same address: the
+	// subscription reconnects by itself and follows the new server.
+	m.grpc.Stop()
+	m2, _ := startManagementServer(t, addr)
+	m2.publish(t, "4", config("edge-rules", "edge", "user", 40))
+	if got := limitOf(t, next(), "edge", "user"); got != 40 {
+		t.Fatalf("after reconnect applied limit = %d, want 40", got)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != context.Canceled {
+			t.Fatalf("Subscribe returned %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Subscribe did not return after cancel")
+	}
+}
+
+func TestSubscribeRequiresApply(t *testing.T) {
+	if err := Subscribe(context.Background(), Options{}); err == nil {
+		t.Fatal("Subscribe without Apply succeeded")
+	}
+}
+
