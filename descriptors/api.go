@@ -98,7 +98,13 @@ type Error struct {
 	File   string
 	Line   int // 1-based; 0 when unknown
 	Reason string
+
+	err error // the underlying error, if any (e.g. from reading the file)
 }
+
+// Unwrap returns the underlying error, such as the fs error of a file that
+// could not be read, or nil.
+func (e *Error) Unwrap() error { return e.err }
 
 func (e *Error) Error() string {
 	if e.Line > 0 {

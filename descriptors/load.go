@@ -19,7 +19,13 @@ type File struct {
 // any file is returned, as an errors.Join of *Error; the Set is returned only
 // when there is none.
 func Parse(files []File) (*Set, error) {
+	return parse(files, nil)
+}
+
+// parse is Parse with errors found before parsing, such as unreadable files.
+func parse(files []File, errs []error) (*Set, error) {
 	b := newBuilder()
+	b.errs = errs
 	for _, f := range files {
 		raw, errs := parseYAML(f.Name, f.Data)
 		b.errs = append(b.errs, errs...)
@@ -35,24 +41,26 @@ func Parse(files []File) (*Set, error) {
 // dot are skipped, files and directories alike (Kubernetes mounts a ConfigMap
 // as symlinks into a ..data directory; the symlinks are read, ..data is not).
 // Symlinks to files are followed; symlinks to directories are not. Errors in
-// the files are reported as by Parse, with the file's path under dir; an
-// unreadable directory is an error wrapping the fs error.
+// the files are reported as by Parse, with the file's path under dir; a rule
+// file that cannot be read (a dangling symlink, say) is an *Error too, which
+// wraps the fs error. A directory that cannot be read is an error wrapping
+// the fs error (errors.Is(err, fs.ErrNotExist) when it does not exist).
 func Load(dir string) (*Set, error) {
-	files, err := readRuleFiles(os.DirFS(dir), ".", func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) })
-	if err != nil {
-		return nil, err
-	}
-	return Parse(files)
+	return loadFS(os.DirFS(dir), ".", func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) })
 }
 
 // LoadFS is Load on the directory dir of fsys. File names in errors are
 // paths in fsys.
 func LoadFS(fsys fs.FS, dir string) (*Set, error) {
-	files, err := readRuleFiles(fsys, dir, func(rel string) string { return rel })
+	return loadFS(fsys, dir, func(rel string) string { return rel })
+}
+
+func loadFS(fsys fs.FS, dir string, display func(string) string) (*Set, error) {
+	files, readErrs, err := readRuleFiles(fsys, dir, display)
 	if err != nil {
 		return nil, err
 	}
-	return Parse(files)
+	return parse(files, readErrs)
 }
 
 // isRuleFile reports whether a directory entry name is a rule file name.
@@ -61,9 +69,10 @@ func isRuleFile(name string) bool {
 }
 
 // readRuleFiles reads the rule files under dir, naming each with display.
-func readRuleFiles(fsys fs.FS, dir string, display func(string) string) ([]File, error) {
-	var files []File
-	err := fs.WalkDir(fsys, dir, func(p string, d fs.DirEntry, err error) error {
+// Files that cannot be read are returned as *Error values; err reports a
+// directory that cannot be walked.
+func readRuleFiles(fsys fs.FS, dir string, display func(string) string) (files []File, fileErrs []error, err error) {
+	err = fs.WalkDir(fsys, dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -80,7 +89,8 @@ func readRuleFiles(fsys fs.FS, dir string, display func(string) string) ([]File,
 		if d.Type()&fs.ModeSymlink != 0 {
 			info, err := fs.Stat(fsys, p)
 			if err != nil {
-				return fmt.Errorf("following symlink %s: %w", display(p), err)
+				fileErrs = append(fileErrs, &Error{File: display(p), Reason: "error reading config file: " + err.Error(), err: err})
+				return nil
 			}
 			if !info.Mode().IsRegular() {
 				return nil // a symlink to a directory or device
@@ -90,13 +100,14 @@ func readRuleFiles(fsys fs.FS, dir string, display func(string) string) ([]File,
 		}
 		data, err := fs.ReadFile(fsys, p)
 		if err != nil {
-			return fmt.Errorf("reading %s: %w", display(p), err)
+			fileErrs = append(fileErrs, &Error{File: display(p), Reason: "error reading config file: " + err.Error(), err: err})
+			return nil
 		}
 		files = append(files, File{Name: display(p), Data: data})
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("descriptors: loading rules from %s: %w", display(dir), err)
+		return nil, nil, fmt.Errorf("descriptors: loading rules from %s: %w", display(dir), err)
 	}
-	return files, nil
+	return files, fileErrs, nil
 }

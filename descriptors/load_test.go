@@ -255,10 +255,19 @@ func TestLoadKubernetesConfigMap(t *testing.T) {
 		t.Fatalf("Match = %+v, want the rule from %s", r, filepath.Join(dir, "rules.yaml"))
 	}
 
-	// A dangling symlink is reported.
+	// A dangling symlink is reported as an *Error with the file, together
+	// with the errors of the other files.
 	must(t, os.Symlink("nowhere.yaml", filepath.Join(dir, "dangling.yaml")))
-	if _, err := Load(dir); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "dangling.yaml") {
-		t.Errorf("dangling symlink: %v", err)
+	must(t, os.WriteFile(filepath.Join(dir, "zz.yaml"), []byte("domain: \"\"\n"), 0o644))
+	_, err = Load(dir)
+	if !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("dangling symlink: %v, want fs.ErrNotExist inside", err)
+	}
+	errs := unwrapErrors(t, err)
+	if len(errs) != 2 || errs[0].File != filepath.Join(dir, "dangling.yaml") ||
+		!strings.HasPrefix(errs[0].Reason, "error reading config file: ") ||
+		errs[1].File != filepath.Join(dir, "zz.yaml") {
+		t.Errorf("errors = %v", err)
 	}
 }
 
