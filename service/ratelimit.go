@@ -7,7 +7,6 @@ import (
 	"math"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -138,7 +137,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	descs := req.GetDescriptors()
 	if !st.set.HasDomain(domain) {
 		s.metrics.notFound(domain)
-		return allOK(len(descs)), nil
+		resp := allOK(len(descs))
+		if s.metadata {
+			resp.DynamicMetadata = dynamicMetadata(req, nil, resp.Statuses)
+		}
+		return resp, nil
 	}
 
 	sc := s.scratch.Get().(*scratch)
@@ -179,13 +182,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 	resp := s.respond(sc, results)
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
-	if over {
-		if s.shadow {
-			s.metrics.globalShadow.Inc()
-		} else {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-			resp.ResponseHeadersToAdd = []*corev3.HeaderValue{{Key: ReasonHeader, Value: reason}}
-		}
+	refused := over && !s.shadow
+	if refused {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	} else if over {
+		s.metrics.globalShadow.Inc()
+	}
+	s.addHeaders(sc, resp, refused, reason)
+	if s.metadata {
+		resp.DynamicMetadata = dynamicMetadata(req, sc.plans, resp.Statuses)
 	}
 	return resp, nil
 }

@@ -22,6 +22,7 @@
 package service
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/window"
@@ -64,6 +66,19 @@ type Options struct {
 	// NearLimitRatio is the fraction of a limit above which admitted hits
 	// count as near_limit (DefaultNearLimitRatio if 0).
 	NearLimitRatio float64
+	// ResponseHeaders (LIMIT_RESPONSE_HEADERS_ENABLED) selects the
+	// rate-limit headers added to every answer with a limit: HeadersOff,
+	// HeadersDraft03 or HeadersDraft11. Retry-After is added to refusals in
+	// either mode.
+	ResponseHeaders HeaderMode
+	// LimitHeader, RemainingHeader and ResetHeader name the HeadersDraft03
+	// headers (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+	// LIMIT_RESET_HEADER); empty means DefaultLimitHeader and so on.
+	LimitHeader, RemainingHeader, ResetHeader string
+	// DynamicMetadata (RESPONSE_DYNAMIC_METADATA) fills the response's
+	// dynamic_metadata with the domain, the descriptors, the hits and the
+	// metadata of the matched rules of the descriptors answered OK.
+	DynamicMetadata bool
 	// MaxDetailedKeys caps the distinct metric keys of one rule with
 	// detailed_metric or value_to_metric (DefaultMaxDetailedKeys if 0);
 	// further values are counted under OverflowLabel.
@@ -82,6 +97,10 @@ type Service struct {
 	buckets   int
 	nearRatio float64
 	metrics   *metrics
+
+	headers     HeaderMode
+	headerNames headerNames
+	metadata    bool
 
 	state   atomic.Pointer[ruleState]
 	scratch sync.Pool // *scratch
@@ -114,6 +133,15 @@ func New(opts Options) (*Service, error) {
 	if maxDetailed <= 0 {
 		maxDetailed = DefaultMaxDetailedKeys
 	}
+	if !opts.ResponseHeaders.valid() {
+		return nil, fmt.Errorf("service: response header mode %q is not one of %q, %q, %q",
+			opts.ResponseHeaders, HeadersOff, HeadersDraft03, HeadersDraft11)
+	}
+	names := headerNames{
+		limit:     cmp.Or(opts.LimitHeader, DefaultLimitHeader),
+		remaining: cmp.Or(opts.RemainingHeader, DefaultRemainingHeader),
+		reset:     cmp.Or(opts.ResetHeader, DefaultResetHeader),
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -130,6 +158,10 @@ func New(opts Options) (*Service, error) {
 		buckets:   buckets,
 		nearRatio: ratio,
 		metrics:   m,
+
+		headers:     opts.ResponseHeaders,
+		headerNames: names,
+		metadata:    opts.DynamicMetadata,
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
@@ -149,6 +181,10 @@ func (s *Service) SetRules(set *descriptors.Set) {
 		if info.err != nil {
 			s.log.Error("rate limit rule cannot be served", "rule", info.rule.ID,
 				"file", info.rule.File, "line", info.rule.Line, "err", info.err)
+		}
+		if info.metadataErr != nil {
+			s.log.Warn("rate limit rule metadata is not representable in dynamic metadata; ignored",
+				"rule", info.rule.ID, "file", info.rule.File, "line", info.rule.Line, "err", info.metadataErr)
 		}
 	}
 	s.state.Store(st)
@@ -211,6 +247,9 @@ type ruleInfo struct {
 	constKey bool  // the counter keys do not depend on request values
 	counters *ruleCounters
 	detailed *detailedCounters // non-nil for detailed_metric/value_to_metric
+
+	metadata    *structpb.Struct // the rule's metadata, nil if none
+	metadataErr error            // why the metadata could not be converted
 }
 
 // limitInfo is one limit of a rule, ready to be checked.
@@ -235,6 +274,9 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 		info.detailed = s.metrics.detailedFor(r.Domain, r.ID)
 	} else {
 		info.counters = s.metrics.counters(r.Domain, r.ID)
+	}
+	if len(r.Metadata) > 0 {
+		info.metadata, info.metadataErr = structpb.NewStruct(r.Metadata)
 	}
 	if r.Unlimited {
 		return info

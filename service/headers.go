@@ -1,0 +1,262 @@
+package service
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// HeaderMode selects the rate-limit response headers the service adds
+// (LIMIT_RESPONSE_HEADERS_ENABLED).
+type HeaderMode string
+
+// Header modes.
+const (
+	// HeadersOff adds no rate-limit headers.
+	HeadersOff HeaderMode = ""
+	// HeadersDraft03 adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset (draft-ietf-httpapi-ratelimit-headers-03, as
+	// envoyproxy/ratelimit does); the names are configurable.
+	HeadersDraft03 HeaderMode = "draft03"
+	// HeadersDraft11 adds the structured fields of the current draft:
+	// RateLimit-Policy: "name";q=<quota>;w=<window seconds> and
+	// RateLimit: "name";r=<remaining>;t=<seconds until reset>.
+	HeadersDraft11 HeaderMode = "draft11"
+)
+
+// Default header names of HeadersDraft03, and the header names of the other
+// modes.
+const (
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
+	PolicyHeader           = "RateLimit-Policy"
+	RateLimitHeader        = "RateLimit"
+	RetryAfterHeader       = "Retry-After"
+)
+
+// headerNames are the configured draft-03 header names.
+type headerNames struct{ limit, remaining, reset string }
+
+func (m HeaderMode) valid() bool {
+	return m == HeadersOff || m == HeadersDraft03 || m == HeadersDraft11
+}
+
+// addHeaders adds the response headers: the reason of a refusal, the
+// rate-limit headers of the most constraining descriptor and, when the
+// request is refused, Retry-After (the time until this request could pass).
+func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused bool, reason string) {
+	if refused {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: ReasonHeader, Value: reason})
+	}
+	if s.headers == HeadersOff {
+		return
+	}
+	if i := mostConstraining(sc.plans, resp.Statuses); i >= 0 {
+		st := resp.Statuses[i]
+		l := st.GetCurrentLimit()
+		reset := seconds(st.GetDurationUntilReset().AsDuration())
+		switch s.headers {
+		case HeadersDraft03:
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+				&corev3.HeaderValue{Key: s.headerNames.limit, Value: strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10)},
+				&corev3.HeaderValue{Key: s.headerNames.remaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
+				&corev3.HeaderValue{Key: s.headerNames.reset, Value: strconv.FormatInt(reset, 10)},
+			)
+		case HeadersDraft11:
+			name := sfString(policyName(&sc.plans[i]))
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+				&corev3.HeaderValue{Key: PolicyHeader, Value: fmt.Sprintf("%s;q=%d;w=%d", name, l.GetRequestsPerUnit(), windowSeconds(&sc.plans[i]))},
+				&corev3.HeaderValue{Key: RateLimitHeader, Value: fmt.Sprintf("%s;r=%d;t=%d", name, st.GetLimitRemaining(), reset)},
+			)
+		}
+	}
+	if refused {
+		retry := max(seconds(retryAfter(sc.plans, resp.Statuses)), 1)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: RetryAfterHeader, Value: strconv.FormatInt(retry, 10)})
+	}
+}
+
+// enforcing reports whether a descriptor's OVER_LIMIT refuses the request by
+// itself (not shadow mode, not quota mode).
+func enforcing(p *plan) bool { return !p.shadow && !p.quota }
+
+// mostConstraining returns the index of the descriptor whose limit the
+// headers report, -1 if none has a limit: an enforcing over-limit descriptor
+// if any (the longest wait), else the one with the least quota left (then
+// the longest reset). Shadow-mode rules are not enforced and not reported.
+func mostConstraining(plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) int {
+	best := -1
+	var bestOver bool
+	for i, st := range statuses {
+		p := &plans[i]
+		if st.GetCurrentLimit() == nil || p.shadow {
+			continue
+		}
+		over := st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && enforcing(p)
+		if best < 0 {
+			best, bestOver = i, over
+			continue
+		}
+		b := statuses[best]
+		reset, bestReset := st.GetDurationUntilReset().AsDuration(), b.GetDurationUntilReset().AsDuration()
+		switch {
+		case over != bestOver:
+			if over {
+				best, bestOver = i, over
+			}
+		case over:
+			if reset > bestReset {
+				best = i
+			}
+		case st.GetLimitRemaining() != b.GetLimitRemaining():
+			if st.GetLimitRemaining() < b.GetLimitRemaining() {
+				best = i
+			}
+		case reset > bestReset:
+			best = i
+		}
+	}
+	return best
+}
+
+// retryAfter is the time until a refused request could pass: the longest
+// wait of the enforcing over-limit descriptors (rate limits and breakers);
+// when only quota descriptors refused (all of them over), the shortest wait
+// among them, since one freed quota lets the request through.
+func retryAfter(plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) time.Duration {
+	var longest, shortestQuota time.Duration
+	enforced, quota := false, false
+	for i, st := range statuses {
+		p := &plans[i]
+		if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			continue
+		}
+		d := st.GetDurationUntilReset().AsDuration()
+		switch {
+		case p.breakerOff && !p.shadow, enforcing(p):
+			enforced = true
+			longest = max(longest, d)
+		case p.quota:
+			if !quota || d < shortestQuota {
+				shortestQuota = d
+			}
+			quota = true
+		}
+	}
+	if enforced || !quota {
+		return longest
+	}
+	return shortestQuota
+}
+
+// seconds rounds a duration up to whole seconds, so a client that waits
+// that long is never early.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// policyName names a descriptor's limit in draft-11 headers: the limit's
+// name, else the rule's ID ("override" for a descriptor's own limit).
+func policyName(p *plan) string {
+	switch {
+	case p.kind == kindOverride:
+		return "override"
+	case p.best >= 0 && p.info.limits[p.best-p.first].name != "":
+		return p.info.limits[p.best-p.first].name
+	}
+	return p.info.rule.ID
+}
+
+// windowSeconds is the window length of a descriptor's reported limit, in
+// whole seconds (at least 1).
+func windowSeconds(p *plan) int64 {
+	li := &p.override
+	if p.kind == kindLimited {
+		li = &p.info.limits[p.best-p.first]
+	}
+	return max(seconds(li.spec.Length()), 1)
+}
+
+// sfString encodes s as a structured-field string (RFC 8941 §3.3.3):
+// quoted, with '"' and '\' escaped; bytes outside printable ASCII, which
+// the format cannot carry, become '_'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('_')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// Keys of the response dynamic metadata set by the service; rule metadata
+// never overwrites them.
+const (
+	metaDomain      = "domain"
+	metaDescriptors = "descriptors"
+	metaHitsAddend  = "hitsAddend"
+)
+
+// dynamicMetadata builds the response's dynamic metadata
+// (RESPONSE_DYNAMIC_METADATA): the domain, the request's descriptors as
+// "key=value" strings (with their own hitsAddend when set), the request's
+// hitsAddend, and the metadata of the matched rules of every descriptor
+// answered OK, merged in request order (a later rule's key wins).
+func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+	descs := make([]*structpb.Value, len(req.GetDescriptors()))
+	for i, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, len(d.GetEntries()))
+		for j, e := range d.GetEntries() {
+			entries[j] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		fields := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if h := d.GetHitsAddend(); h != nil {
+			fields[metaHitsAddend] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs[i] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
+	}
+	hits := req.GetHitsAddend()
+	if hits == 0 {
+		hits = 1
+	}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		metaDomain:      structpb.NewStringValue(req.GetDomain()),
+		metaDescriptors: structpb.NewListValue(&structpb.ListValue{Values: descs}),
+		metaHitsAddend:  structpb.NewNumberValue(float64(hits)),
+	}}
+	for i := range plans {
+		p := &plans[i]
+		if p.info == nil || p.info.metadata == nil || statuses[i].GetCode() != rlsv3.RateLimitResponse_OK {
+			continue
+		}
+		for k, v := range p.info.metadata.GetFields() {
+			if k == metaDomain || k == metaDescriptors || k == metaHitsAddend {
+				continue
+			}
+			md.Fields[k] = proto.Clone(v).(*structpb.Value)
+		}
+	}
+	return md
+}
