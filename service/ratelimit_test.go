@@ -369,6 +369,18 @@ descriptors:
 	if grpcstatus.Code(err) != codes.Internal {
 		t.Fatalf("request on an unservable rule: %v, want Internal", err)
 	}
+	algo := mustParse(t, `
+domain: d
+descriptors:
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}
+  - key: sw
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_window}
+`)
+	err = newHarness(t, nil, nil).svc.CheckRules(algo)
+	if err == nil || !strings.Contains(err.Error(), "token_bucket") || strings.Contains(err.Error(), "sliding_window") {
+		t.Fatalf("CheckRules(algorithms) = %v, want only token_bucket rejected", err)
+	}
 	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
 		t.Fatalf("CheckRules(testRules) = %v", err)
 	}

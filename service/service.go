@@ -286,6 +286,12 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 		base = r.AppendKey(nil, r.Path)
 	}
 	for i, l := range r.Limits {
+		if l.Algorithm != "" && l.Algorithm != descriptors.SlidingWindow {
+			// Never serve another algorithm silently as a sliding window.
+			info.err = fmt.Errorf("rule %s, limit %d: algorithm %s is not supported by the limiter yet", r.ID, i+1, l.Algorithm)
+			info.limits = nil
+			return info
+		}
 		buckets := l.Buckets
 		if buckets == 0 {
 			buckets = s.buckets
