@@ -228,10 +228,11 @@ func (x *exchange) start(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHead
 	x.obs.Route = stringAttr(attrs, AttrRouteName)
 	x.obs.Cluster = stringAttr(attrs, AttrClusterName)
 	if len(x.p.headers) > 0 {
-		for _, hv := range h.GetHeaders().GetHeaders() {
-			for _, name := range x.p.headers {
+		for _, name := range x.p.headers { // the first value of each configured header
+			for _, hv := range h.GetHeaders().GetHeaders() {
 				if hv.GetKey() == name {
 					x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: name, Value: headerValue(hv)})
+					break
 				}
 			}
 		}
