@@ -110,7 +110,7 @@ func TestRuleMetrics(t *testing.T) {
 			}
 			// Every rule has its series (at 0 until used); no other key label
 			// exists: request values never leak into labels.
-			allowed := map[string]bool{}
+			allowed := map[string]bool{OverrideLabel: true}
 			for _, r := range h.svc.Rules().Rules() {
 				if !r.DetailedMetric && !r.ValueToMetric {
 					allowed[r.ID] = true

@@ -178,7 +178,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.log.Warn("rate limit backend failed to undo hits", "domain", domain, "err", err)
 		return nil, &LimiterError{Err: err}
 	}
-	s.count(sc, domain, results)
+	s.count(sc, st, domain, results)
 
 	resp := s.respond(sc, results)
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
@@ -560,7 +560,7 @@ func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result
 }
 
 // count updates the per-rule metrics.
-func (s *Service) count(sc *scratch, domain string, results []window.Result) {
+func (s *Service) count(sc *scratch, st *ruleState, domain string, results []window.Result) {
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		var c *ruleCounters
@@ -572,7 +572,9 @@ func (s *Service) count(sc *scratch, domain string, results []window.Result) {
 				c = p.info.detailed.get(p.info.rule.MetricKey(p.entries))
 			}
 		case p.kind == kindOverride:
-			c = s.metrics.overrideCounters(domain)
+			if c = st.overrides[domain]; c == nil {
+				c = s.metrics.overrideCounters(domain)
+			}
 		}
 		p.counters = c
 		if c == nil {

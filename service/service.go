@@ -216,15 +216,23 @@ func (s *Service) CheckRules(set *descriptors.Set) error {
 
 // ruleState is a rule set with what the service precomputes per rule.
 type ruleState struct {
-	set   *descriptors.Set
-	rules map[*descriptors.Rule]*ruleInfo
+	set       *descriptors.Set
+	rules     map[*descriptors.Rule]*ruleInfo
+	overrides map[string]*ruleCounters // by domain: descriptors limited by their own override
 }
 
 func (s *Service) prepare(set *descriptors.Set) *ruleState {
 	rules := set.Rules()
-	st := &ruleState{set: set, rules: make(map[*descriptors.Rule]*ruleInfo, len(rules))}
+	st := &ruleState{
+		set:       set,
+		rules:     make(map[*descriptors.Rule]*ruleInfo, len(rules)),
+		overrides: make(map[string]*ruleCounters),
+	}
 	for _, r := range rules {
 		st.rules[r] = s.newRuleInfo(r)
+	}
+	for _, d := range set.Domains() {
+		st.overrides[d] = s.metrics.overrideCounters(d)
 	}
 	return st
 }
