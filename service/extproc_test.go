@@ -79,7 +79,7 @@ type armedTimer struct {
 // breakerEnv is a breaker registry and the ingestion handlers served over
 // real gRPC on a loopback port.
 type breakerEnv struct {
-	t      *testing.T
+	t      testing.TB
 	clock  *stepClock
 	reg    *breaker.Registry
 	prom   *prometheus.Registry
@@ -90,16 +90,28 @@ type breakerEnv struct {
 }
 
 // newBreakerEnv starts a gRPC server on 127.0.0.1:0 with the ext_proc,
-// access-log and rate-limit services. It checks for leaked goroutines when
-// the test ends, after the server and connection are closed.
+// access-log and rate-limit services, on a clock and timers moved by the
+// test. It checks for leaked goroutines when the test ends, after the
+// server and connection are closed.
 func newBreakerEnv(t *testing.T) *breakerEnv {
 	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs last
+	return startBreakerEnv(t, false)
+}
+
+// startBreakerEnv starts the server; with realTime it runs on the
+// monotonic clock and real timers (benchmarks).
+func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
+	t.Helper()
 	e := &breakerEnv{t: t, clock: &stepClock{}, prom: prometheus.NewRegistry(), timers: make(chan armedTimer, 64)}
 	e.clock.Advance(time.Hour)
+	var clock window.Clock = e.clock
+	if realTime {
+		clock = window.NewMonotonicClock()
+	}
 	reg, err := breaker.NewRegistry(breaker.Options{
-		Clock:   e.clock,
+		Clock:   clock,
 		Metrics: e.prom,
 		Mapping: breaker.Mapping{Headers: []breaker.HeaderKey{{Header: "x-user-id", Key: "user"}}},
 	})
@@ -119,7 +131,10 @@ func newBreakerEnv(t *testing.T) *breakerEnv {
 		e.timers <- armedTimer{d, ch}
 		return ch
 	}
-	svc, err := New(Options{Limiter: window.NewStore(e.clock), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
+	if realTime {
+		after = nil
+	}
+	svc, err := New(Options{Limiter: window.NewStore(clock), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +146,7 @@ func newBreakerEnv(t *testing.T) *breakerEnv {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(srv, NewExtProc(reg, e.clock, nil, ExtProcOptions{After: after}))
+	extprocv3.RegisterExternalProcessorServer(srv, NewExtProc(reg, clock, nil, ExtProcOptions{After: after}))
 	accesslogv3.RegisterAccessLogServiceServer(srv, NewAccessLog(reg, nil))
 	rlsv3.RegisterRateLimitServiceServer(srv, svc)
 	served := make(chan error, 1)
@@ -338,7 +353,7 @@ func TestExtProcBlockingMode(t *testing.T) {
 
 // blockingRequest sends blocking-mode request headers for cluster and
 // returns the reply, then ends the stream.
-func blockingRequest(t *testing.T, e *breakerEnv, cluster string) *extprocv3.ProcessingResponse {
+func blockingRequest(t testing.TB, e *breakerEnv, cluster string) *extprocv3.ProcessingResponse {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

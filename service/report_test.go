@@ -10,7 +10,7 @@ import (
 )
 
 // observations reads leapgate_breaker_observations_total{source}.
-func observations(t *testing.T, e *breakerEnv, source string) float64 {
+func observations(t testing.TB, e *breakerEnv, source string) float64 {
 	t.Helper()
 	families, err := e.prom.Gather()
 	if err != nil {
