@@ -1,0 +1,164 @@
+// Command accuracy replays traffic traces through Leapgate's sliding window
+// and through models of other admission algorithms on a virtual clock (no
+// sleeping, fixed random seeds), compares every run with an exact sliding
+// log, and prints the figures as markdown tables.
+//
+// Usage:
+//
+//	go run ./cmd/accuracy [-limit 100] [-window 1s] [-seed 1] [-buckets 2,4,10,20,25,50,100]
+//
+// See README-section.md beside this file for what each figure means.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// config is everything a run depends on.
+type config struct {
+	params
+	traceParams
+	seed    uint64
+	buckets []int // bucket counts of window.Counter to compare
+	// costKeys is the number of keys for bytes per key; 0 skips the cost
+	// measurements (they are not deterministic).
+	costKeys int
+	// costDecisions is the length of the timing loop.
+	costDecisions int
+	// storeKeys is the number of keys put in a window.Store to measure its
+	// memory per key (0 skips it; so does costKeys 0).
+	storeKeys int
+}
+
+func main() {
+	cfg := config{}
+	var buckets string
+	flag.Uint64Var(&cfg.limit, "limit", 100, "hits allowed per window on every key")
+	flag.DurationVar(&cfg.window, "window", time.Second, "window length")
+	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the random traces")
+	flag.IntVar(&cfg.windows, "windows", 30, "length of each open-loop trace, in windows")
+	flag.IntVar(&cfg.keys, "keys", 1000, "number of keys of the Zipf trace")
+	flag.StringVar(&buckets, "buckets", "2,4,10,20,25,50,100", "bucket counts of the Leapgate sliding window to compare (the default is always added)")
+	flag.IntVar(&cfg.costKeys, "cost-keys", 4096, "keys over which bytes per key is measured (0: skip bytes and ns per decision)")
+	flag.IntVar(&cfg.costDecisions, "cost-decisions", 500000, "decisions in the ns-per-decision timing loop")
+	flag.IntVar(&cfg.storeKeys, "store-keys", 100000, "keys put in a window.Store to measure its bytes per key (0: skip)")
+	flag.Parse()
+
+	var err error
+	if cfg.buckets, err = parseBuckets(buckets); err != nil {
+		fmt.Fprintln(os.Stderr, "accuracy:", err)
+		os.Exit(2)
+	}
+	if err := run(os.Stdout, os.Stderr, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "accuracy:", err)
+		os.Exit(2)
+	}
+}
+
+// parseBuckets reads a comma-separated list of bucket counts and adds
+// window.DefaultBuckets.
+func parseBuckets(s string) ([]int, error) {
+	out := []int{window.DefaultBuckets}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bucket count %q: want a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// algorithms returns the algorithms to compare, in table order. Bucket
+// counts that do not divide the window are reported on warn and skipped.
+func algorithms(cfg config, warn io.Writer) []algorithm {
+	algs := []algorithm{exactLogAlgorithm(cfg.params), envoyAlgorithm(cfg.params), sentinelAlgorithm(cfg.params), gcraAlgorithm(cfg.params)}
+	for _, b := range cfg.buckets {
+		a, err := slidingWindowAlgorithm(cfg.params, b)
+		if err != nil {
+			fmt.Fprintf(warn, "accuracy: skipping %d buckets: %v\n", b, err)
+			continue
+		}
+		algs = append(algs, a)
+	}
+	return algs
+}
+
+// run simulates every trace through every algorithm and writes the report.
+func run(out, warn io.Writer, cfg config) error {
+	switch {
+	case cfg.limit < 1:
+		return fmt.Errorf("limit must be at least 1")
+	case cfg.window < time.Millisecond:
+		return fmt.Errorf("window %v: want at least 1ms", cfg.window)
+	case cfg.windows < 1:
+		return fmt.Errorf("windows must be at least 1")
+	case cfg.keys < 1:
+		return fmt.Errorf("keys must be at least 1")
+	}
+	rows := evaluate(cfg, algorithms(cfg, warn))
+	var store *storeCost
+	if cfg.costKeys > 0 && cfg.storeKeys > 0 {
+		b, err := measureStoreBytesPerKey(cfg.params, window.DefaultBuckets, cfg.storeKeys)
+		if err != nil {
+			return fmt.Errorf("measuring the store: %w", err)
+		}
+		store = &storeCost{buckets: window.DefaultBuckets, keys: cfg.storeKeys, keyLen: len(storeKey(0)), bytesPerKey: b}
+	}
+	writeReport(out, cfg, rows, store)
+	return checkGuarantees(cfg.params, rows)
+}
+
+// checkGuarantees returns an error if Leapgate's sliding window overshot on
+// any trace, or if the exact sliding log (the metrics' self-check) did not
+// come out ideal: the command then exits non-zero after printing the tables.
+func checkGuarantees(p params, rows []row) error {
+	var errs []error
+	for _, r := range rows {
+		for _, res := range r.results {
+			switch {
+			case r.alg.ours && res.overshoot(p.limit) > 0:
+				errs = append(errs, fmt.Errorf("%s admitted %d hits in one window on %q (limit %d)",
+					r.alg.name, res.maxInWindow, res.trace.name, p.limit))
+			case r.alg.exact && (res.overshoot(p.limit) > 0 || res.falseRejects > 0 || res.refusedIdealAdmits > 0):
+				errs = append(errs, fmt.Errorf("self-check: the exact sliding log is not ideal on %q: %+v", res.trace.name, res.outcome))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// evaluate runs every trace through every algorithm (and measures costs if
+// asked).
+func evaluate(cfg config, algs []algorithm) []row {
+	ts := traces(cfg.traceParams)
+	rows := make([]row, len(algs))
+	for i, alg := range algs {
+		rows[i].alg = alg
+		for j, tr := range ts {
+			events := simulate(cfg.params, cfg.traceParams, alg, tr, cfg.seed, uint64(j))
+			rows[i].results = append(rows[i].results, result{trace: tr, outcome: measure(cfg.params, events)})
+		}
+		if cfg.costKeys > 0 {
+			rows[i].cost = &cost{
+				bytesPerKey:   measureBytesPerKey(cfg.params, alg, cfg.costKeys),
+				nsPerDecision: measureNsPerDecision(cfg.params, alg, cfg.costDecisions),
+			}
+		}
+	}
+	return rows
+}

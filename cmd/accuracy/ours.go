@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// slidingWindow adapts one window.Counter (Leapgate's own sliding window:
+// check-and-add over every bucket overlapping (now-W, now]) to a decider,
+// with no state of its own.
+type slidingWindow window.Counter
+
+func (s *slidingWindow) allow(now time.Duration, hits, limit uint64) bool {
+	return (*window.Counter)(s).AllowAt(now, hits, limit).Allowed
+}
+
+// slidingWindowAlgorithm returns window.Counter with the given bucket count,
+// or an error if the window length is not divisible into that many buckets.
+func slidingWindowAlgorithm(p params, buckets int) (algorithm, error) {
+	spec, err := window.NewSpec(p.window, buckets)
+	if err != nil {
+		return algorithm{}, err
+	}
+	name := fmt.Sprintf("Leapgate sliding window, %d buckets", buckets)
+	if buckets == window.DefaultBuckets {
+		name += " (default)"
+	}
+	return algorithm{
+		name:        name,
+		ours:        true,
+		buckets:     buckets,
+		granularity: spec.BucketLength(),
+		newDecider: func() decider {
+			return (*slidingWindow)(window.NewCounter(spec))
+		},
+	}, nil
+}
+
+// fixedClock is a window.Clock that stands still: the Store is driven
+// through DoAt with explicit times, so its clock is never read for them.
+type fixedClock time.Duration
+
+func (c fixedClock) Now() time.Duration { return time.Duration(c) }
+
+// storeKey is a key shaped like a service counter key (rule and value), 24
+// bytes long.
+func storeKey(i int) string { return fmt.Sprintf("api/user_id=user-%07d", i) }
+
+// measureStoreBytesPerKey fills a window.Store with keys active keys (each
+// given one admitted hit through DoAt) and returns the growth of the live
+// heap per key: the Counter plus the Store's map entry and the key string.
+func measureStoreBytesPerKey(p params, buckets, keys int) (float64, error) {
+	spec, err := window.NewSpec(p.window, buckets)
+	if err != nil {
+		return 0, err
+	}
+	now := origin * p.window
+	reqs := make([]window.Request, 1)
+	results := make([]window.Result, 1)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	store := window.NewStore(fixedClock(now))
+	for i := range keys {
+		reqs[0] = window.Request{Key: storeKey(i), Spec: spec, Limit: p.limit, Hits: 1}
+		if err := store.DoAt(context.Background(), now, reqs, results); err != nil {
+			return 0, err
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(store)
+	return (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(keys), nil
+}
