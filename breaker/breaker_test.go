@@ -55,10 +55,10 @@ func TestNewConfig(t *testing.T) {
 	}{
 		{"defaults", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5}, false, func(c Config) bool {
 			return c.Spec.Length() == DefaultWindow && c.Spec.Buckets() == DefaultBuckets &&
-				c.OpenDuration == DefaultOpenDuration && c.HalfOpenProbes == 1 && c.ProbeTimeout == DefaultProbeTimeout
+				c.OpenDuration == DefaultOpenDuration && c.HalfOpenProbes == 1 && c.ProbeTimeout == DefaultOpenDuration
 		}},
-		{"probe timeout at least twice max response time", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 1, MaxResponseTime: 4 * s}, false,
-			func(c Config) bool { return c.ProbeTimeout == 8*s }},
+		{"probe timeout defaults to open duration", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 1, MaxResponseTime: 4 * s, OpenDuration: 7 * s}, false,
+			func(c Config) bool { return c.ProbeTimeout == 7*s }},
 		{"window not divisible by default buckets picks a divisor", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 7*s + 3}, false,
 			func(c Config) bool { return int64(c.Spec.Length())%int64(c.Spec.Buckets()) == 0 }},
 		{"explicit indivisible buckets", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 10 * s, Buckets: 3}, true, nil},

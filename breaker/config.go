@@ -53,16 +53,13 @@ func ParseStrategy(s string) (Strategy, error) {
 }
 
 // Defaults applied by NewConfig to fields the circuit_breaker block leaves
-// at zero.
+// at zero (the same as the YAML loader's); a zero ProbeTimeout defaults to
+// the OpenDuration.
 const (
 	DefaultWindow         = 10 * time.Second
 	DefaultBuckets        = 10
-	DefaultOpenDuration   = 10 * time.Second
+	DefaultOpenDuration   = 5 * time.Second
 	DefaultHalfOpenProbes = 1
-	// DefaultProbeTimeout is the least probe timeout; the default is at
-	// least twice MaxResponseTime as well, so a slow but successful probe is
-	// not mistaken for a lost one.
-	DefaultProbeTimeout = 5 * time.Second
 )
 
 // Config is a validated breaker configuration with defaults applied.
@@ -142,7 +139,7 @@ func NewConfig(b descriptors.Breaker) (Config, error) {
 		c.HalfOpenProbes = DefaultHalfOpenProbes
 	}
 	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = max(DefaultProbeTimeout, 2*c.MaxResponseTime)
+		c.ProbeTimeout = c.OpenDuration
 	}
 	return c, nil
 }
