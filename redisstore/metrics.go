@@ -13,7 +13,7 @@ type metrics struct {
 	up        prometheus.Gauge
 }
 
-func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "leapgate_redis_call_duration_seconds",

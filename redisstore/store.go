@@ -73,7 +73,7 @@ type Options struct {
 	// Logger receives health transitions and errors (default: discard).
 	Logger *slog.Logger
 	// Registry receives the Store's metrics (default: not registered).
-	Registry *prometheus.Registry
+	Registry prometheus.Registerer
 	// Fallback answers while Redis is down in failure mode local: the
 	// replica's in-memory window.Store.
 	Fallback window.Limiter
