@@ -1,0 +1,59 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/window"
+)
+
+// backend is the limiter chosen by BACKEND_TYPE with its background work.
+type backend struct {
+	limiter window.Limiter
+	// run does the backend's background work until ctx is done.
+	run func(ctx context.Context)
+	// close releases the backend's resources.
+	close func()
+}
+
+// newBackend builds the limiter chosen by BACKEND_TYPE. A new backend type
+// is one more case here.
+func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger) (backend, error) {
+	switch s.BackendType {
+	case config.BackendMemory:
+		return newMemoryBackend(s, reg), nil
+	}
+	return backend{}, fmt.Errorf("BACKEND_TYPE %q is not supported", s.BackendType)
+}
+
+// newMemoryBackend keeps every window in this process, bounded by MAX_KEYS
+// and swept of idle counters every SWEEP_INTERVAL.
+func newMemoryBackend(s config.Settings, reg prometheus.Registerer) backend {
+	store := window.NewStore(window.NewMonotonicClock(), window.WithMaxKeys(s.MaxKeys))
+	stat := func(f func(window.StoreStats) float64) func() float64 {
+		return func() float64 { return f(store.Stats()) }
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_memory_keys",
+			Help: "Counters held by the in-memory backend.",
+		}, stat(func(st window.StoreStats) float64 { return float64(st.Keys) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimit_memory_evictions_total",
+			Help: "Counters evicted (least recently used) because MAX_KEYS was reached; their hits are forgotten.",
+		}, stat(func(st window.StoreStats) float64 { return float64(st.Evictions) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimit_memory_reclaims_total",
+			Help: "Idle counters (nothing inside their window) reclaimed by the sweep.",
+		}, stat(func(st window.StoreStats) float64 { return float64(st.Reclaims) })),
+	)
+	return backend{
+		limiter: store,
+		run:     func(ctx context.Context) { store.Run(ctx, s.SweepInterval) },
+		close:   func() {},
+	}
+}

@@ -1,0 +1,223 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/leapgate/leapgate/config"
+)
+
+func TestShouldRateLimitOverGRPC(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	client := ts.rls(t)
+	ctx := context.Background()
+
+	for i, want := range []struct {
+		code      rlsv3.RateLimitResponse_Code
+		remaining uint32
+	}{{rlsv3.RateLimitResponse_OK, 1}, {rlsv3.RateLimitResponse_OK, 0}, {rlsv3.RateLimitResponse_OVER_LIMIT, 0}} {
+		resp, err := client.ShouldRateLimit(ctx, request("test", []string{"user", "alice"}))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != want.code || st.GetLimitRemaining() != want.remaining ||
+			st.GetCurrentLimit().GetRequestsPerUnit() != 2 || st.GetCurrentLimit().GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Errorf("call %d: got %v, want %v with %d remaining of 2/minute", i, resp, want.code, want.remaining)
+		}
+	}
+	// Another value of a value-less key has its own counter.
+	resp, err := client.ShouldRateLimit(ctx, request("test", []string{"user", "bob"}))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("bob: %v, %v", resp, err)
+	}
+	// Empty domain: InvalidArgument, the process keeps serving.
+	if _, err := client.ShouldRateLimit(ctx, request("", []string{"user", "x"})); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("empty domain: %v, want InvalidArgument", err)
+	}
+}
+
+func TestHealthAndReflection(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	cc := ts.conn(t)
+	for _, name := range []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"} {
+		if got := healthStatus(t, cc, name); got != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health %q = %v, want SERVING", name, got)
+		}
+	}
+	if code, body := get(t, ts.httpURL("/healthcheck")); code != http.StatusOK || !strings.HasPrefix(body, "OK") {
+		t.Errorf("/healthcheck = %d %q", code, body)
+	}
+
+	stream, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
+		if !strings.Contains(strings.Join(names, " "), want) {
+			t.Errorf("reflection lists %v, missing %s", names, want)
+		}
+	}
+	stream.CloseSend()
+}
+
+func TestJSONEndpoint(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	url := ts.httpURL("/json")
+	alice := `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}`
+
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		code, body := post(t, url, alice)
+		if code != want {
+			t.Fatalf("call %d: %d %s, want %d", i, code, body, want)
+		}
+		var resp rlsv3.RateLimitResponse
+		if err := protojson.Unmarshal([]byte(body), &resp); err != nil {
+			t.Fatalf("call %d: body %q is not a RateLimitResponse: %v", i, body, err)
+		}
+		if wantCode := map[int]rlsv3.RateLimitResponse_Code{200: rlsv3.RateLimitResponse_OK, 429: rlsv3.RateLimitResponse_OVER_LIMIT}[want]; resp.GetOverallCode() != wantCode {
+			t.Errorf("call %d: overall code %v, want %v", i, resp.GetOverallCode(), wantCode)
+		}
+	}
+
+	for _, c := range []struct {
+		name, body string
+		want       int
+	}{
+		{"not JSON", `{"domain":`, http.StatusBadRequest},
+		{"unknown field", `{"domain":"test","descriptorz":[]}`, http.StatusBadRequest},
+		{"empty domain", `{"domain":"","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusBadRequest},
+		{"no descriptors", `{"domain":"test"}`, http.StatusBadRequest},
+		{"too large", `{"domain":"` + strings.Repeat("a", 70000) + `"}`, http.StatusRequestEntityTooLarge},
+		{"unlimited", `{"domain":"test","descriptors":[{"entries":[{"key":"path","value":"/free"}]}]}`, http.StatusOK},
+	} {
+		if code, body := post(t, url, c.body); code != c.want {
+			t.Errorf("%s: %d %q, want %d", c.name, code, body, c.want)
+		}
+	}
+	if code, _ := get(t, url); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /json = %d, want 405", code)
+	}
+}
+
+func TestUnavailableWithoutRules(t *testing.T) {
+	// A rule set that does not load at start-up: the server runs, NOT_SERVING,
+	// and every call is Unavailable until the rules are fixed.
+	ts := start(t, map[string]string{"bad.yaml": "domain: test\ndescriptors:\n  - key: user\n    ratelimit: {unit: second}\n"}, nil)
+	cc := ts.conn(t)
+	if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health = %v, want NOT_SERVING", got)
+	}
+	if code, _ := get(t, ts.httpURL("/healthcheck")); code != http.StatusInternalServerError {
+		t.Errorf("/healthcheck = %d, want 500", code)
+	}
+	_, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ShouldRateLimit: %v, want Unavailable", err)
+	}
+	if code, body := post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}`); code != http.StatusServiceUnavailable {
+		t.Errorf("/json = %d %q, want 503", code, body)
+	}
+	if got := metricValue(t, ts, "ratelimit_config_load_error_total"); got != "1" {
+		t.Errorf("config_load_error = %q, want 1", got)
+	}
+
+	writeRules(t, ts.ruleDir, "bad.yaml", limitRules)
+	eventually(t, "SERVING after the rules are fixed", func() bool {
+		return healthStatus(t, cc, "") == healthpb.HealthCheckResponse_SERVING
+	})
+	if code, _ := get(t, ts.httpURL("/healthcheck")); code != http.StatusOK {
+		t.Errorf("/healthcheck after fix = %d, want 200", code)
+	}
+	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"})); err != nil {
+		t.Errorf("ShouldRateLimit after fix: %v", err)
+	}
+}
+
+func TestEmbeddedDefaultRules(t *testing.T) {
+	s := settingsFor(t.TempDir() + "/does/not/exist")
+	ts := startWith(t, s)
+	if got := healthStatus(t, ts.conn(t), ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health = %v, want SERVING on the embedded rules", got)
+	}
+	client := ts.rls(t)
+	for i := range 5 {
+		resp, err := client.ShouldRateLimit(context.Background(), request("example", []string{"path", "/login"}))
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("call %d: %v %v", i, resp, err)
+		}
+	}
+	resp, err := client.ShouldRateLimit(context.Background(), request("example", []string{"path", "/login"}))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("6th /login in a minute: %v %v, want OVER_LIMIT", resp, err)
+	}
+	if _, body := get(t, ts.debugURL("/rlconfig")); !strings.Contains(body, "example.path_/login") {
+		t.Errorf("/rlconfig on embedded rules:\n%s", body)
+	}
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "alice"})); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, ts.httpURL("/metrics"))
+	if code != http.StatusOK {
+		t.Fatalf("/metrics = %d", code)
+	}
+	for _, want := range []string{
+		`ratelimit_grpc_server_handling_seconds_count{code="OK",method="/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"} 1`,
+		"ratelimit_config_load_success_total 1",
+		"ratelimit_config_load_error_total 0",
+		"ratelimit_memory_keys 1",
+		"go_goroutines ",
+		"process_start_time_seconds ",
+		"ratelimit_service_rate_limit_total_hits",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestDebugEndpoints(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	if code, body := get(t, ts.debugURL("/rlconfig")); code != http.StatusOK || !strings.Contains(body, "test.user: unit=MINUTE requests_per_unit=2") {
+		t.Errorf("/rlconfig = %d\n%s", code, body)
+	}
+	if code, body := get(t, ts.debugURL("/debug/pprof/")); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/ = %d", code)
+	}
+	if code, _ := get(t, ts.debugURL("/debug/pprof/cmdline")); code != http.StatusOK {
+		t.Errorf("/debug/pprof/cmdline = %d", code)
+	}
+	// The public listener exposes neither the rules nor pprof.
+	for _, path := range []string{"/rlconfig", "/debug/pprof/"} {
+		if code, _ := get(t, ts.httpURL(path)); code != http.StatusNotFound {
+			t.Errorf("HTTP listener %s = %d, want 404", path, code)
+		}
+	}
+	if d := config.Defaults(); d.DebugHost != "127.0.0.1" {
+		t.Errorf("debug listener defaults to %s, want loopback", d.DebugHost)
+	}
+}

@@ -1,0 +1,218 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/server"
+	"github.com/leapgate/leapgate/window"
+)
+
+// hookLimiter wraps a Limiter, calling before (if set) at the start of Do.
+type hookLimiter struct {
+	window.Limiter
+	before func()
+}
+
+func (h hookLimiter) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
+	h.before()
+	return h.Limiter.Do(ctx, reqs)
+}
+
+func withHook(before func()) server.Option {
+	return server.WithLimiterWrapper(func(l window.Limiter) window.Limiter { return hookLimiter{Limiter: l, before: before} })
+}
+
+func TestPanicIsRecovered(t *testing.T) {
+	var panicking atomic.Bool
+	panicking.Store(true)
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil, withHook(func() {
+		if panicking.Load() {
+			panic("limiter exploded")
+		}
+	}))
+	client := ts.rls(t)
+	_, err := client.ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("panicking call: %v, want Internal", err)
+	}
+	if code, _ := post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}`); code != http.StatusInternalServerError {
+		t.Errorf("panicking /json = %d, want 500", code)
+	}
+	const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	if got := metricValue(t, ts, `ratelimit_panics_recovered_total{handler="`+method+`"}`); got != "1" {
+		t.Errorf("gRPC panics counted = %q, want 1", got)
+	}
+	if got := metricValue(t, ts, `ratelimit_panics_recovered_total{handler="/json"}`); got != "1" {
+		t.Errorf("/json panics counted = %q, want 1", got)
+	}
+	// The process keeps serving.
+	panicking.Store(false)
+	resp, err := client.ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("call after the panic: %v %v", resp, err)
+	}
+}
+
+func TestRequestLimits(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
+		s.MaxDescriptors, s.MaxEntries, s.MaxKeyLength, s.MaxValueLength = 2, 2, 8, 16
+		s.MaxRequestBytes = 1024
+	})
+	client := ts.rls(t)
+	long := func(n int) string { return strings.Repeat("x", n) }
+	for _, c := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+		want string // in the message; "" means allowed
+	}{
+		{"at every limit", request("test", []string{"user", long(16), "k", "v"}, []string{"user", "b"}), ""},
+		{"too many descriptors", request("test", []string{"user", "a"}, []string{"user", "b"}, []string{"user", "c"}), "3 descriptors, more than the limit of 2"},
+		{"too many entries", request("test", []string{"user", "a", "b", "c", "d", "e"}), "descriptor 0 has 3 entries, more than the limit of 2"},
+		{"key too long", request("test", []string{long(9), "a"}), "key is 9 bytes long, more than the limit of 8"},
+		{"value too long", request("test", []string{"user", "a"}, []string{"user", long(17)}), "descriptor 1 entry 0 (key \"user\"): value is 17 bytes long"},
+		{"domain too long", request(long(9), []string{"user", "a"}), "domain is 9 bytes long"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := client.ShouldRateLimit(context.Background(), c.req)
+			if c.want == "" {
+				if err != nil {
+					t.Errorf("allowed request failed: %v", err)
+				}
+				return
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), c.want) {
+				t.Errorf("got %v, want InvalidArgument with %q", err, c.want)
+			}
+		})
+	}
+	// A message over MAX_REQUEST_BYTES is refused by gRPC before decoding.
+	big := request("test")
+	for range 100 {
+		big.Descriptors = append(big.Descriptors, request("test", []string{"user", long(16)}).Descriptors...)
+	}
+	if _, err := client.ShouldRateLimit(context.Background(), big); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("oversized message: %v, want ResourceExhausted", err)
+	}
+	// /json applies the same limits.
+	code, body := post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"`+long(17)+`"}]}]}`)
+	if code != http.StatusBadRequest || !strings.Contains(body, "value is 17 bytes long") {
+		t.Errorf("/json over a limit = %d %q, want 400 with the reason", code, body)
+	}
+}
+
+// blockingLimiter holds every Do until released, reporting each entry.
+type blockingLimiter struct {
+	window.Limiter
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingLimiter) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
+	b.entered <- struct{}{}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return b.Limiter.Do(ctx, reqs)
+}
+
+func newBlocking() (*blockingLimiter, server.Option) {
+	b := &blockingLimiter{entered: make(chan struct{}, 16), release: make(chan struct{})}
+	return b, server.WithLimiterWrapper(func(l window.Limiter) window.Limiter { b.Limiter = l; return b })
+}
+
+func TestGracefulShutdownFinishesCallsInFlight(t *testing.T) {
+	blocker, opt := newBlocking()
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil, opt)
+	cc := ts.conn(t)
+
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	watch, err := healthpb.NewHealthClient(cc).Watch(watchCtx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health before shutdown: %v %v", st, err)
+	}
+
+	type result struct {
+		resp *rlsv3.RateLimitResponse
+		err  error
+	}
+	inflight := make(chan result, 2)
+	go func() {
+		resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
+		inflight <- result{resp, err}
+	}()
+	<-blocker.entered // the call is inside the limiter
+
+	ts.stop() // what SIGTERM does in cmd/ratelimit
+
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health after shutdown began: %v %v, want NOT_SERVING", st, err)
+	}
+	stopWatch()
+	eventually(t, "new connections refused", func() bool {
+		fresh, err := grpc.NewClient(ts.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fresh.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(fresh).Check(ctx, &healthpb.HealthCheckRequest{})
+		return status.Code(err) == codes.Unavailable
+	})
+	select {
+	case err := <-ts.done:
+		t.Fatalf("Run returned (%v) with a call in flight", err)
+	default:
+	}
+
+	close(blocker.release)
+	r := <-inflight
+	if r.err != nil || r.resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("in-flight call: %v %v, want it to finish OK", r.resp, r.err)
+	}
+	if err := <-ts.done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	ts.done <- nil // for the cleanup
+}
+
+func TestDrainTimeoutBoundsShutdown(t *testing.T) {
+	blocker, opt := newBlocking()
+	defer close(blocker.release)
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.DrainTimeout = 50 * time.Millisecond }, opt)
+	client := ts.rls(t)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
+		errc <- err
+	}()
+	<-blocker.entered
+	ts.stop()
+	if err := <-ts.done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	ts.done <- nil
+	if err := <-errc; status.Code(err) != codes.Unavailable && !errors.Is(err, context.Canceled) {
+		t.Errorf("call cut by the drain timeout: %v, want Unavailable", err)
+	}
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/leapgate/leapgate/descriptors"
+)
+
+// defaultRules is the example rule set served when the rule directory does
+// not exist.
+//
+//go:embed defaultrules
+var defaultRules embed.FS
+
+// defaultRulesDir is the directory of defaultRules holding the rule files.
+const defaultRulesDir = "defaultrules"
+
+// ruleSink receives every rule set that loaded without error
+// (*service.Service implements it).
+type ruleSink interface {
+	// CheckRules reports the rules the sink could not serve.
+	CheckRules(set *descriptors.Set) error
+	// SetRules swaps set in atomically.
+	SetRules(set *descriptors.Set)
+}
+
+// ruleLoader loads the rule directory into a ruleSink and keeps it current.
+type ruleLoader struct {
+	dir      string
+	debounce time.Duration
+	sink     ruleSink
+	health   *healthState
+	metrics  *serverMetrics
+	logger   *slog.Logger
+
+	// embedded is true when dir did not exist at start-up and the embedded
+	// example rules are serving; nothing is then watched.
+	embedded bool
+	// loaded is true once any rule set has been put into service.
+	loaded bool
+}
+
+// loadInitial loads the rules once at start-up. A missing directory selects
+// the embedded examples. A bad rule set is logged and leaves the server
+// NOT_SERVING (every call answers Unavailable) until a reload succeeds; it
+// is not fatal, so that a fixed ConfigMap heals the pod without a restart.
+func (l *ruleLoader) loadInitial() {
+	if _, err := os.Stat(l.dir); errors.Is(err, fs.ErrNotExist) {
+		set, err := descriptors.LoadFS(defaultRules, defaultRulesDir)
+		if err == nil {
+			err = l.sink.CheckRules(set)
+		}
+		if err != nil {
+			// A broken embedded file is a build defect, caught by tests.
+			panic(fmt.Sprintf("server: embedded default rules do not load: %v", err))
+		}
+		l.embedded = true
+		l.logger.Warn("rule directory does not exist; serving the EMBEDDED EXAMPLE rules (domain \"example\"). "+
+			"Create the directory or set RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to serve your own.",
+			"rule_dir", l.dir)
+		l.apply(set)
+		return
+	}
+	l.reload()
+}
+
+// reload loads the whole directory and, if every file is valid, swaps the
+// rules in; otherwise it logs each error and keeps the last good rules.
+func (l *ruleLoader) reload() bool {
+	set, err := descriptors.Load(l.dir)
+	if err == nil {
+		err = l.sink.CheckRules(set)
+	}
+	if err != nil {
+		l.metrics.configError.Inc()
+		msg := "rule set rejected; the last good rules keep serving"
+		if !l.loaded {
+			msg = "rule set rejected; no rules loaded: NOT_SERVING, every call answers Unavailable until the files are fixed"
+		}
+		for _, e := range flatten(err) {
+			l.logger.Error(msg, "rule_dir", l.dir, "error", e.Error())
+		}
+		return false
+	}
+	l.apply(set)
+	return true
+}
+
+func (l *ruleLoader) apply(set *descriptors.Set) {
+	l.sink.SetRules(set)
+	l.loaded = true
+	l.metrics.configSuccess.Inc()
+	l.health.set(true)
+	l.logger.Info("rules loaded", "rule_dir", l.dir, "embedded", l.embedded, "rules", len(set.Rules()))
+}
+
+// flatten unwraps errors.Join trees into their leaves.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// watch reloads the rules whenever the directory changes, until ctx ends.
+// It watches the directory itself, which sees both plain edits and the
+// Kubernetes ConfigMap update (a new hidden directory and an atomic rename
+// of the ..data symlink); events are debounced so that one update makes one
+// reload.
+func (l *ruleLoader) watch(ctx context.Context) error {
+	if l.embedded {
+		return nil
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching rule directory: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(l.dir); err != nil {
+		return fmt.Errorf("watching rule directory %s: %w", l.dir, err)
+	}
+	// Stopped until the first event (Go ≥ 1.23 timers deliver no stale tick).
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			l.logger.Debug("rule directory changed", "event", ev.String())
+			timer.Reset(l.debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			// An overflow loses events: reload to be safe.
+			l.logger.Error("watching rule directory", "rule_dir", l.dir, "error", err)
+			timer.Reset(l.debounce)
+		case <-timer.C:
+			l.reload()
+		}
+	}
+}

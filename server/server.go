@@ -1,0 +1,292 @@
+// Package server runs Leapgate's listeners around the rate-limit service: the
+// gRPC listener (RateLimitService, grpc.health.v1.Health, reflection), the
+// HTTP listener (/healthcheck, /json, /metrics) and the loopback debug
+// listener (/rlconfig, pprof). It loads the rule directory, reloads it when
+// it changes, and shuts down gracefully.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/service"
+	"github.com/leapgate/leapgate/window"
+)
+
+// Server is one Leapgate process: its listeners are bound by New and served
+// by Run.
+type Server struct {
+	settings config.Settings
+	logger   *slog.Logger
+	registry *prometheus.Registry
+	metrics  *serverMetrics
+	health   *healthState
+	service  *service.Service
+	rls      rlsv3.RateLimitServiceServer // service behind the request limits
+	rules    *ruleLoader
+	backend  backend
+
+	grpc  *grpc.Server
+	http  *http.Server
+	debug *http.Server
+
+	grpcLn, httpLn, debugLn net.Listener
+}
+
+// Option adjusts how New builds a Server.
+type Option func(*options)
+
+type options struct {
+	wrapLimiter func(window.Limiter) window.Limiter
+}
+
+// WithLimiterWrapper makes the service use wrap(limiter) instead of the
+// limiter chosen by BACKEND_TYPE, for tests that observe or delay calls.
+func WithLimiterWrapper(wrap func(window.Limiter) window.Limiter) Option {
+	return func(o *options) { o.wrapLimiter = wrap }
+}
+
+// New builds a Server from validated-again settings: it creates the limiter
+// and the service, loads the rules, and binds the three listeners (port 0
+// picks a free port; see GRPCAddr, HTTPAddr, DebugAddr). Nothing is served
+// until Run.
+func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server, error) {
+	if err := settings.Validate(); err != nil {
+		return nil, err
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	s := &Server{
+		settings: settings,
+		logger:   logger,
+		registry: prometheus.NewRegistry(),
+		health:   newHealthState(),
+	}
+	s.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	s.metrics = newServerMetrics(s.registry)
+
+	b, err := newBackend(settings, s.registry, logger)
+	if err != nil {
+		return nil, err
+	}
+	s.backend = b
+	limiter := b.limiter
+	if o.wrapLimiter != nil {
+		limiter = o.wrapLimiter(limiter)
+	}
+	s.service, err = service.New(service.Options{
+		Limiter:        limiter,
+		Registry:       s.registry,
+		Logger:         logger,
+		ShadowMode:     settings.ShadowMode,
+		DefaultBuckets: settings.WindowBuckets,
+		NearLimitRatio: settings.NearLimitRatio,
+	})
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("creating the rate-limit service: %w", err)
+	}
+	s.rls = guardedService{limits: newRequestLimits(settings), next: s.service}
+
+	s.rules = &ruleLoader{
+		dir:      settings.ConfigDir(),
+		debounce: settings.ReloadDebounce,
+		sink:     s.service,
+		health:   s.health,
+		metrics:  s.metrics,
+		logger:   logger,
+	}
+	s.rules.loadInitial()
+
+	if err := s.buildGRPC(); err != nil {
+		b.close()
+		return nil, err
+	}
+	s.http = s.newHTTPServer(s.httpHandler())
+	s.debug = s.newHTTPServer(s.debugHandler())
+
+	if err := s.listen(); err != nil {
+		b.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) buildGRPC() error {
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.streamInterceptor),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      s.settings.GRPCMaxConnectionAge,
+			MaxConnectionAgeGrace: s.settings.GRPCMaxConnectionAgeGrace,
+		}),
+	}
+	if s.settings.GRPCServerUseTLS {
+		certs, err := newCertReloader(s.settings, s.logger)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
+	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
+	reflection.Register(s.grpc)
+	return nil
+}
+
+func (s *Server) newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
+	}
+}
+
+// listen binds the three listeners, closing any already bound on error.
+func (s *Server) listen() error {
+	var err error
+	bind := func(name, addr string) net.Listener {
+		if err != nil {
+			return nil
+		}
+		var ln net.Listener
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			err = fmt.Errorf("%s listener on %s: %w", name, addr, err)
+		}
+		return ln
+	}
+	s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
+	s.httpLn = bind("HTTP", s.settings.HTTPAddr())
+	s.debugLn = bind("debug", s.settings.DebugAddr())
+	if err != nil {
+		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn} {
+			if ln != nil {
+				ln.Close()
+			}
+		}
+	}
+	return err
+}
+
+// GRPCAddr, HTTPAddr and DebugAddr return the bound listener addresses.
+func (s *Server) GRPCAddr() net.Addr  { return s.grpcLn.Addr() }
+func (s *Server) HTTPAddr() net.Addr  { return s.httpLn.Addr() }
+func (s *Server) DebugAddr() net.Addr { return s.debugLn.Addr() }
+
+// Registry returns the registry served on /metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// Run serves until ctx is done, then shuts down gracefully: health turns
+// NOT_SERVING at once, the listeners stop accepting, and in-flight calls get
+// DRAIN_TIMEOUT to finish before connections are closed. It returns nil
+// after a shutdown asked for by ctx, or the error of a listener that
+// failed. Run may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	s.logger.Info("serving",
+		"grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(), "debug", s.DebugAddr().String(),
+		"tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())
+
+	errc := make(chan error, 3)
+	serve := func(name string, fn func() error) {
+		err := fn()
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		if err != nil {
+			err = fmt.Errorf("%s listener: %w", name, err)
+		} else {
+			err = fmt.Errorf("%s listener stopped", name)
+		}
+		errc <- err
+	}
+	go serve("gRPC", func() error { return s.grpc.Serve(s.grpcLn) })
+	go serve("HTTP", func() error { return s.http.Serve(s.httpLn) })
+	go serve("debug", func() error { return s.debug.Serve(s.debugLn) })
+
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Go(func() {
+		if err := s.rules.watch(bgCtx); err != nil {
+			s.logger.Error("rule reload disabled", "error", err)
+		}
+	})
+	bg.Go(func() { s.backend.run(bgCtx) })
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		s.logger.Info("shutdown requested")
+	case runErr = <-errc:
+		s.logger.Error("listener failed; shutting down", "error", runErr)
+	}
+	s.shutdown()
+	stopBackground()
+	bg.Wait()
+	s.backend.close()
+	s.logger.Info("stopped")
+	return runErr
+}
+
+// shutdown turns health NOT_SERVING, then drains all listeners in parallel,
+// each bounded by the drain timeout.
+func (s *Server) shutdown() {
+	s.health.shutDown()
+	s.logger.Info("health NOT_SERVING; draining in-flight calls", "drain_timeout", s.settings.DrainTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.settings.DrainTimeout)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		done := make(chan struct{})
+		go func() {
+			s.grpc.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.logger.Warn("drain timeout: closing gRPC connections with calls in flight")
+			s.grpc.Stop() // cancels the calls' contexts
+			// A handler that ignores its context must not hold the
+			// process: wait only briefly for the handlers to return.
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				s.logger.Error("gRPC handlers still running after the drain timeout; exiting anyway")
+			}
+		}
+	})
+	for _, hs := range []*http.Server{s.http, s.debug} {
+		wg.Go(func() {
+			if err := hs.Shutdown(ctx); err != nil {
+				hs.Close()
+			}
+		})
+	}
+	wg.Wait()
+}
