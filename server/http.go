@@ -142,4 +142,6 @@ func (s *Server) recoverHTTP(name string, h http.Handler) http.Handler {
 // slogPrinter adapts the server's logger to promhttp's ErrorLog.
 type slogPrinter struct{ s *Server }
 
-func (p slogPrinter) Println(v ...any) { p.s.logger.Error("serving /metrics", "error", fmt.Sprint(v...)) }
+func (p slogPrinter) Println(v ...any) {
+	p.s.logger.Error("serving /metrics", "error", fmt.Sprint(v...))
+}
