@@ -1,0 +1,27 @@
+# Leapgate: `make run` serves on the embedded example rules, `make test` runs
+# every test (what .ci/run calls), `make bench` runs the benchmarks.
+
+GO ?= go
+# Benchmarks: run `make bench > old.txt`, change code, `make bench > new.txt`,
+# then `benchstat old.txt new.txt` (golang.org/x/perf/cmd/benchstat).
+BENCH_COUNT ?= 6
+BENCH_TIME ?= 200ms
+BENCH ?= .
+BENCH_PKGS ?= ./...
+# Fuzzing time per fuzz target in `make test` (0 skips fuzzing).
+FUZZTIME ?= 5s
+
+.PHONY: run test bench check-config
+
+run:
+	$(GO) run ./cmd/ratelimit
+
+test:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/test.sh
+
+bench:
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCH_COUNT) -benchtime $(BENCH_TIME) $(BENCH_PKGS)
+
+# Validate a rule directory: make check-config DIR=path/to/rules
+check-config:
+	$(GO) run ./cmd/ratelimit check-config $(DIR)
