@@ -291,6 +291,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 		if l := d.GetLimit(); l != nil {
 			li, err := s.overrideLimit(l)
 			if err != nil {
+				s.metrics.error(errTypeInvalid)
 				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override: %v", len(sc.plans), err)
 			}
 			p.kind = kindOverride
@@ -313,6 +314,9 @@ func (s *Service) overrideLimit(l *rlcommonv3.RateLimitDescriptor_RateLimitOverr
 		RequestsPerUnit: l.GetRequestsPerUnit(),
 		Unit:            descriptors.Unit(l.GetUnit()),
 		UnitMultiplier:  mult,
+	}
+	if u := lim.Unit.Duration(); u <= 0 || time.Duration(mult) > math.MaxInt64/u {
+		return limitInfo{}, fmt.Errorf("window of %d × %v is too long", mult, l.GetUnit())
 	}
 	spec, err := window.NewSpec(lim.Window(), s.buckets)
 	if err != nil {

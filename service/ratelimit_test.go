@@ -296,6 +296,8 @@ func TestShouldRateLimitErrors(t *testing.T) {
 		{name: "override with multiplier 0", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0),
 			func(d *rlcommonv3.RateLimitDescriptor) { d.Limit.UnitMultiplier = wrapperspb.UInt32(0) })),
 			code: codes.InvalidArgument, msg: "unit_multiplier must not be 0"},
+		{name: "override window overflows", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_YEAR, math.MaxUint32))),
+			code: codes.InvalidArgument, msg: "is too long"},
 		{name: "no rules loaded", req: req("test", desc("k", "exact")), noRules: true, code: codes.Unavailable, msg: "no rate limit configuration loaded"},
 	}
 	for _, tt := range tests {
