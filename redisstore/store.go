@@ -108,6 +108,8 @@ type Store struct {
 	timeout  time.Duration
 
 	state atomic.Int32
+	// nudge asks the health check to probe now (a request failed).
+	nudge chan struct{}
 	// nowMicros, when set (tests only), replaces Redis's TIME.
 	nowMicros func() int64
 
@@ -159,6 +161,7 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, s
 		interval: opts.HealthInterval,
 		timeout:  settings.Timeout,
 		done:     make(chan struct{}),
+		nudge:    make(chan struct{}, 1),
 	}
 	if s.clock == nil {
 		s.clock = window.NewMonotonicClock()
@@ -208,6 +211,7 @@ func (s *Store) healthLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-s.nudge:
 		}
 	}
 }
@@ -264,17 +268,18 @@ func (s *Store) loadScripts(ctx context.Context) {
 	}
 }
 
-// markDown records a connection failure seen by a request, so that the
-// following requests fail fast until the health check succeeds again.
-func (s *Store) markDown(err error) {
+// suspect reacts to a failed request: unless Redis answered (a command
+// error, not an outage), the health check probes at once. If the probe
+// fails too, requests take the failure mode without trying Redis until a
+// probe succeeds; one slow call alone does not switch them over.
+func (s *Store) suspect(err error) {
 	var reply redis.Error
 	if errors.As(err, &reply) {
 		return // Redis answered: it is up, the command failed
 	}
-	if old := s.state.Swap(stateDown); old != stateDown {
-		s.metrics.up.Set(0)
-		s.log.Warn("redis call failed: answering with REDIS_FAILURE_MODE until a health check succeeds",
-			"mode", s.mode, "err", err)
+	select {
+	case s.nudge <- struct{}{}:
+	default: // a probe is already due
 	}
 }
 
@@ -331,7 +336,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("redis: %w", err) // the caller gave up, Redis did not fail
 			}
-			s.markDown(err)
+			s.suspect(err)
 		}
 	}
 	if err != nil {
@@ -552,10 +557,12 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 			errs = append(errs, fmt.Errorf("local fallback: %w", err))
 		}
 	}
-	if len(remote) > 0 {
+	if len(remote) > 0 && s.state.Load() == stateDown {
+		errs = append(errs, fmt.Errorf("redis: %w", ErrUnavailable))
+	} else if len(remote) > 0 {
 		if err := s.undo(ctx, reqs, results, remote); err != nil {
 			if ctx.Err() == nil {
-				s.markDown(err)
+				s.suspect(err)
 			}
 			errs = append(errs, fmt.Errorf("redis: %w", err))
 		}
