@@ -31,9 +31,12 @@ const MaxLimit = math.MaxUint32
 type Counter struct {
 	spec      Spec
 	bucketLen int64
-	latest    atomic.Int64    // newest bucket epoch seen
-	total     atomic.Uint64   // sum of all undrained bucket counts (may be transiently high)
-	slots     []atomic.Uint64 // Buckets()+1 words: epoch tag << 32 | count
+	latest    atomic.Int64  // newest bucket epoch seen
+	total     atomic.Uint64 // sum of all undrained bucket counts (may be transiently high)
+	// slots holds the ring, Buckets()+1 words (epoch tag << 32 | count),
+	// then one word with the time of last use (for LRU eviction), which
+	// fits in the allocation's size-class slack for common bucket counts.
+	slots []atomic.Uint64
 }
 
 // NewCounter returns an empty Counter with the given layout. The Spec must
@@ -45,9 +48,15 @@ func NewCounter(spec Spec) *Counter {
 	return &Counter{
 		spec:      spec,
 		bucketLen: spec.length / spec.buckets,
-		slots:     make([]atomic.Uint64, spec.buckets+1),
+		slots:     make([]atomic.Uint64, spec.buckets+2),
 	}
 }
+
+// ring returns the number of slots of the ring.
+func (c *Counter) ring() int64 { return int64(len(c.slots) - 1) }
+
+// lastUse is the word holding the time of last use.
+func (c *Counter) lastUse() *atomic.Uint64 { return &c.slots[len(c.slots)-1] }
 
 // Spec returns the counter's window layout.
 func (c *Counter) Spec() Spec { return c.spec }
@@ -61,6 +70,9 @@ func (c *Counter) Spec() Spec { return c.spec }
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
 	e := c.advance(now)
+	if used := c.lastUse(); uint64(now) > used.Load() {
+		used.Store(uint64(now)) // racy max, fine for LRU
+	}
 	if hits == 0 {
 		return c.check(now, e, limit)
 	}
@@ -99,10 +111,10 @@ func (c *Counter) CountAt(now time.Duration) uint64 {
 	return c.total.Load()
 }
 
-// LastUsed returns the start of the newest bucket the counter has seen,
-// as a Duration on the counter's clock.
+// LastUsed returns the latest time passed to AllowAt (reads such as
+// CountAt do not count as use).
 func (c *Counter) LastUsed() time.Duration {
-	return time.Duration(c.latest.Load() * c.bucketLen)
+	return time.Duration(c.lastUse().Load())
 }
 
 // UndoAt takes back hits recorded in bucket (a Result.Bucket of an allowed
@@ -112,7 +124,7 @@ func (c *Counter) UndoAt(bucket int64, hits uint64) {
 	if hits == 0 || bucket < 0 {
 		return
 	}
-	slot := &c.slots[bucket%int64(len(c.slots))]
+	slot := &c.slots[bucket%c.ring()]
 	for {
 		w := slot.Load()
 		cnt := count(w)
@@ -134,7 +146,7 @@ func (c *Counter) RefundAt(now time.Duration, hits uint64) {
 	e := c.advance(now)
 	k := c.spec.buckets
 	for x := e; x >= e-k && x >= 0 && hits > 0; x-- {
-		slot := &c.slots[x%int64(len(c.slots))]
+		slot := &c.slots[x%c.ring()]
 		for {
 			w := slot.Load()
 			cnt := count(w)
@@ -192,7 +204,7 @@ func (c *Counter) advance(now time.Duration) int64 {
 // one ring turn).
 func (c *Counter) drain(prev, next int64) {
 	k := c.spec.buckets
-	m := int64(len(c.slots))
+	m := c.ring()
 	hi := next - k - 1
 	lo := max(prev-k, hi-m+1, 0)
 	for x := lo; x <= hi; x++ {
@@ -218,7 +230,7 @@ func (c *Counter) record(bucket int64, hits uint64) {
 		c.total.Add(^(hits - 1)) // the bucket already left the window
 		return
 	}
-	slot := &c.slots[bucket%int64(len(c.slots))]
+	slot := &c.slots[bucket%c.ring()]
 	for {
 		w := slot.Load()
 		switch d := int32(uint32(bucket) - tag(w)); {
@@ -248,7 +260,7 @@ func (c *Counter) ageOut(now time.Duration, bucket int64) time.Duration {
 // newestAgeOut is the time until every hit now counted ages out: the
 // age-out of the newest non-empty bucket, 0 when nothing is counted.
 func (c *Counter) newestAgeOut(now time.Duration, e int64) time.Duration {
-	m := int64(len(c.slots))
+	m := c.ring()
 	for x := e; x >= e-c.spec.buckets && x >= 0; x-- {
 		if count(c.slots[x%m].Load()) > 0 {
 			return c.ageOut(now, x)
@@ -266,7 +278,7 @@ func (c *Counter) retryAfter(now time.Duration, e int64, s, hits, limit uint64) 
 	if hits > limit {
 		return c.spec.Length()
 	}
-	m := int64(len(c.slots))
+	m := c.ring()
 	var freed uint64
 	for x := max(e-c.spec.buckets, 0); x <= e; x++ {
 		freed += uint64(count(c.slots[x%m].Load()))

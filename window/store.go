@@ -32,7 +32,6 @@ type Store struct {
 	clock   Clock
 	seed    maphash.Seed
 	maxKeys int64
-	sample  int
 
 	keys      atomic.Int64
 	evictions atomic.Uint64
@@ -43,9 +42,10 @@ type Store struct {
 }
 
 type storeShard struct {
-	mu sync.RWMutex
-	m  map[string]*Counter
-	_  [64 - 24 - 8]byte // keep shards on separate cache lines
+	mu  sync.RWMutex
+	m   map[string]*Counter
+	idx int                   // position in Store.shards
+	_   [64 - 24 - 8 - 8]byte // keep shards on separate cache lines
 }
 
 // StoreOption configures a Store.
@@ -54,21 +54,22 @@ type StoreOption func(*Store)
 // WithMaxKeys bounds the number of keys (counters) a Store holds. When a new
 // key would exceed it, the Store evicts from the new key's shard the least
 // recently used of a few sampled keys, preferring one with nothing in its
-// window (approximate LRU, as in Redis). Eviction happens within one shard,
-// so the bound may be exceeded by at most the shard count (256) while a
-// shard is empty. n <= 0 means no bound (the default).
+// window (approximate LRU, as in Redis); if that shard is empty, from
+// another shard whose lock is free. Under contention the bound may be
+// exceeded briefly by a few keys. n <= 0 means no bound (the default).
 func WithMaxKeys(n int) StoreOption {
 	return func(s *Store) { s.maxKeys = int64(n) }
 }
 
 // NewStore returns an empty Store reading time from clock.
 func NewStore(clock Clock, opts ...StoreOption) *Store {
-	s := &Store{clock: clock, seed: maphash.MakeSeed(), sample: 8}
+	s := &Store{clock: clock, seed: maphash.MakeSeed()}
 	for _, o := range opts {
 		o(s)
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*Counter)
+		s.shards[i].idx = i
 	}
 	return s
 }
@@ -236,7 +237,7 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	switch {
 	case c == nil:
 		if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
-			s.evict(sh, now)
+			s.makeRoom(sh, now)
 		}
 		c = NewCounter(req.Spec)
 		sh.m[strings.Clone(req.Key)] = c
@@ -249,30 +250,76 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	return c.AllowAt(now, req.Hits, req.Limit)
 }
 
-// evict removes one key from sh (locked): of a few sampled keys, the first
-// with nothing in its window, else the least recently used.
-func (s *Store) evict(sh *storeShard, now time.Duration) {
-	var victim string
-	var oldest time.Duration
-	found, n := false, 0
-	for k, c := range sh.m {
-		if c.idleAt(now) {
-			victim, found = k, true
-			break
-		}
-		if used := c.LastUsed(); !found || used < oldest {
-			victim, oldest, found = k, used, true
-		}
-		if n++; n >= s.sample {
-			break
+// evictSample is how many keys eviction compares.
+const evictSample = 8
+
+// candidate is a key considered for eviction.
+type candidate struct {
+	sh   *storeShard
+	key  string
+	c    *Counter
+	used time.Duration
+	idle bool
+}
+
+// makeRoom evicts one key: of up to evictSample keys sampled from sh
+// (locked by the caller) and, if it holds fewer, from the following shards
+// whose locks are free at once, the first idle one, else the least recently
+// used. It never waits for a second lock while holding one, so shards
+// cannot deadlock; if the victim's shard is busy nothing is evicted this
+// time.
+func (s *Store) makeRoom(sh *storeShard, now time.Duration) {
+	var cands [evictSample]candidate
+	n := sample(sh, now, cands[:])
+	for i := 1; i < storeShards && n < evictSample; i++ {
+		other := &s.shards[(sh.idx+i)%storeShards]
+		if other.mu.TryRLock() {
+			n += sample(other, now, cands[n:])
+			other.mu.RUnlock()
 		}
 	}
-	if !found {
+	if n == 0 {
 		return
 	}
-	delete(sh.m, victim)
+	v := &cands[0]
+	for i := 1; i < n && !v.idle; i++ {
+		if cands[i].idle || cands[i].used < v.used {
+			v = &cands[i]
+		}
+	}
+	if v.sh != sh {
+		if !v.sh.mu.TryLock() {
+			return
+		}
+		defer v.sh.mu.Unlock()
+	}
+	if v.sh.m[v.key] != v.c {
+		return
+	}
+	delete(v.sh.m, v.key)
 	s.keys.Add(-1)
 	s.evictions.Add(1)
+}
+
+// sample fills dst with keys of sh (locked), stopping early at an idle one,
+// and returns how many it filled.
+func sample(sh *storeShard, now time.Duration, dst []candidate) int {
+	n := 0
+	for k, c := range sh.m {
+		if n == len(dst) {
+			break
+		}
+		used := c.LastUsed()
+		// Only a counter untouched for a window and a bucket can be idle:
+		// skip the exact (draining) check for the others.
+		idle := now-used > c.spec.Length()+time.Duration(c.bucketLen) && c.idleAt(now)
+		dst[n] = candidate{sh: sh, key: k, c: c, used: used, idle: idle}
+		n++
+		if idle {
+			break
+		}
+	}
+	return n
 }
 
 // undo takes back hits of req recorded in bucket, if req's counter is

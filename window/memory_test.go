@@ -1,0 +1,190 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestStoreSweep(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	clock := &fakeClock{}
+	s := NewStore(clock)
+	ctx := context.Background()
+	for i := range 100 {
+		clock.Set(time.Duration(i) * 10 * time.Millisecond) // key i hit at i*10ms
+		if _, err := s.Do(ctx, []Request{{Key: strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		now          time.Duration
+		wantReclaims int
+	}{
+		{990 * time.Millisecond, 0},   // everything still inside its window
+		{1100 * time.Millisecond, 10}, // bucket 0 (keys 0-9) left the window
+		{1100 * time.Millisecond, 0},  // nothing more to do
+		{1550 * time.Millisecond, 45}, // buckets 1-4 (keys 10-49) left, and 5 (50-54)? no: 5 leaves at 1.6s
+		{time.Hour, 45},
+	}
+	tests[3].wantReclaims = 40
+	tests[4].wantReclaims = 50
+	total := 0
+	for _, tt := range tests {
+		got := s.Sweep(tt.now)
+		if got != tt.wantReclaims {
+			t.Fatalf("Sweep(%v) reclaimed %d, want %d", tt.now, got, tt.wantReclaims)
+		}
+		total += got
+		if st := s.Stats(); st.Keys != int64(100-total) || st.Reclaims != uint64(total) {
+			t.Fatalf("after Sweep(%v): %+v, want %d keys and %d reclaims", tt.now, st, 100-total, total)
+		}
+	}
+}
+
+func TestStoreRunSweeps(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	clock := &fakeClock{}
+	s := NewStore(clock)
+	s.Do(context.Background(), []Request{{Key: "a", Spec: spec, Limit: 5, Hits: 1}})
+	clock.Set(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx, time.Millisecond) }()
+	deadline := time.After(10 * time.Second)
+	for s.Stats().Keys != 0 {
+		select {
+		case <-deadline:
+			t.Fatal("Run did not sweep the idle key")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Fatalf("Run returned %v, want context.Canceled", err)
+	}
+}
+
+func TestStoreMaxKeys(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	tests := []struct{ maxKeys, keys int }{{1, 50}, {10, 1000}, {300, 1000}, {1000, 1000}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("max %d", tt.maxKeys), func(t *testing.T) {
+			clock := &fakeClock{}
+			s := NewStore(clock, WithMaxKeys(tt.maxKeys))
+			for i := range tt.keys {
+				clock.Advance(time.Microsecond)
+				s.Do(context.Background(), []Request{{Key: strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}})
+				if got := s.Stats().Keys; got > int64(tt.maxKeys) {
+					t.Fatalf("%d keys held after %d inserts, max %d", got, i+1, tt.maxKeys)
+				}
+			}
+			st := s.Stats()
+			if want := uint64(max(0, tt.keys-tt.maxKeys)); st.Evictions != want {
+				t.Fatalf("%d evictions, want %d", st.Evictions, want)
+			}
+		})
+	}
+}
+
+// Eviction prefers idle keys, then the least recently used of a sample: a
+// key used all the time survives a stream of one-off keys.
+func TestStoreEvictionKeepsHotKey(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	clock := &fakeClock{}
+	s := NewStore(clock, WithMaxKeys(64))
+	ctx := context.Background()
+	hot := Request{Key: "hot", Spec: spec, Limit: 1 << 20, Hits: 1}
+	for i := range 20_000 {
+		clock.Advance(time.Microsecond)
+		s.Do(ctx, []Request{{Key: strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}})
+		if i%4 == 0 {
+			clock.Advance(100 * time.Microsecond)
+			s.Do(ctx, []Request{hot})
+		}
+	}
+	if got, want := s.CountAt("hot", clock.Now()), uint64(5000); got != want {
+		t.Fatalf("hot key counts %d, want %d (it was evicted)", got, want)
+	}
+}
+
+// streamKeys is how many distinct keys TestStoreBoundedMemory streams
+// through (fewer under the race detector; see memory_race_test.go).
+const streamMaxKeys = 20_000
+
+// heapBound is the documented heap growth bound of a Store with
+// WithMaxKeys(streamMaxKeys) and 20 buckets per key: about 300 bytes per key
+// (BenchmarkBytesPerKey) plus the maps' table slack after churn.
+const heapBound = 16 << 20
+
+// A stream of distinct keys (streamKeys of them: 1,000,000 without -race)
+// goes through a Store bounded to streamMaxKeys while a hot key is hammered:
+// the heap stays under heapBound and the hot key's limit holds exactly in
+// every window.
+func TestStoreBoundedMemory(t *testing.T) {
+	spec := mustSpec(t, 100*time.Millisecond, DefaultBuckets)
+	clock := &fakeClock{}
+	s := NewStore(clock, WithMaxKeys(streamMaxKeys))
+	ctx := context.Background()
+	const hotLimit = 50
+	hot := []Request{{Key: "hot", Spec: spec, Limit: hotLimit, Hits: 1, Veto: true}}
+	req := []Request{{Spec: spec, Limit: 10, Hits: 1, Veto: true}}
+	res := make([]Result, 1)
+	var hotAdmitted []time.Duration
+	key := make([]byte, 0, 32)
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	var peak uint64
+	for i := range streamKeys {
+		now := time.Duration(i) * time.Microsecond // 100k keys per window
+		key = strconv.AppendInt(append(key[:0], "user_"...), int64(i), 10)
+		req[0].Key = string(key)
+		if err := s.DoAt(ctx, now, req, res); err != nil {
+			t.Fatal(err)
+		}
+		if !res[0].Allowed {
+			t.Fatalf("fresh key %d refused", i)
+		}
+		if i%10 == 0 {
+			if err := s.DoAt(ctx, now, hot, res); err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Allowed {
+				hotAdmitted = append(hotAdmitted, now)
+			}
+		}
+		if i%(streamKeys/10) == 0 {
+			s.Sweep(now)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			peak = max(peak, after.HeapAlloc)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	peak = max(peak, after.HeapAlloc)
+	st := s.Stats()
+	growth := int64(peak) - int64(before.HeapAlloc)
+	t.Logf("%d keys streamed: peak heap growth %d bytes (%d per held key), %+v", streamKeys, growth, growth/max(st.Keys, 1), st)
+	if growth > heapBound {
+		t.Fatalf("heap grew by %d bytes, bound %d", growth, heapBound)
+	}
+	if st.Keys > streamMaxKeys {
+		t.Fatalf("%d keys held, max %d", st.Keys, streamMaxKeys)
+	}
+	if st.Evictions == 0 {
+		t.Fatalf("no evictions: the bound was never exercised")
+	}
+	if got := maxInAnyWindow(hotAdmitted, spec.Length()); got > hotLimit {
+		t.Fatalf("hot key admitted %d in one window, limit %d (evicted?)", got, hotLimit)
+	}
+	windows := int(time.Duration(streamKeys) * time.Microsecond / spec.Length())
+	if min := windows * hotLimit * 9 / 10; len(hotAdmitted) < min {
+		t.Fatalf("hot key admitted only %d over %d windows", len(hotAdmitted), windows)
+	}
+}
