@@ -71,10 +71,13 @@ type ruleBreakers struct {
 	hist    prometheus.Observer
 	single  *Breaker
 
-	mu      sync.RWMutex
-	byKey   map[string]*Breaker
-	gauges  int // breakers with a state series
-	entries map[*Breaker]string
+	// byKey maps breaker keys (Rule.AppendKey) to breakers. It is copied on
+	// write under mu (new distinct values are rare and capped), so the
+	// lookup on the request path takes no lock.
+	byKey   atomic.Pointer[map[string]*Breaker]
+	mu      sync.Mutex
+	gauges  int                 // breakers with a state series; mu held
+	entries map[*Breaker]string // resource of each breaker; mu held
 }
 
 // NewRegistry returns a registry with no rules.
@@ -177,7 +180,7 @@ func (r *Registry) newRuleBreakers(rule *descriptors.Rule, cfg Config) *ruleBrea
 	if !rb.varying {
 		rb.single = New(cfg, rb.onChange("", true))
 	} else {
-		rb.byKey = make(map[string]*Breaker)
+		rb.byKey.Store(&map[string]*Breaker{})
 		rb.entries = make(map[*Breaker]string)
 	}
 	return rb
@@ -204,10 +207,7 @@ func (rb *ruleBreakers) lookup(values []descriptors.Entry) *Breaker {
 	}
 	var buf [256]byte
 	k := rb.rule.AppendKey(buf[:0], values)
-	rb.mu.RLock()
-	b := rb.byKey[string(k)]
-	rb.mu.RUnlock()
-	return b
+	return (*rb.byKey.Load())[string(k)]
 }
 
 // get returns the breaker for values, creating it if the rule's cap allows;
@@ -220,10 +220,11 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 	k := rb.rule.AppendKey(buf[:0], values)
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
-	if b := rb.byKey[string(k)]; b != nil {
+	old := *rb.byKey.Load()
+	if b := old[string(k)]; b != nil {
 		return b
 	}
-	if len(rb.byKey) >= rb.reg.maxPer {
+	if len(old) >= rb.reg.maxPer {
 		rb.reg.metrics.dropped.WithLabelValues(rb.id).Inc()
 		return nil
 	}
@@ -242,7 +243,12 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 		rb.reg.metrics.setState(rb.id, resource.String(), Closed)
 	}
 	b := New(rb.cfg, rb.onChange(resource.String(), labelled))
-	rb.byKey[string(k)] = b
+	next := make(map[string]*Breaker, len(old)+1)
+	for key, ob := range old {
+		next[key] = ob
+	}
+	next[string(k)] = b
+	rb.byKey.Store(&next)
 	rb.entries[b] = resource.String()
 	return b
 }

@@ -41,11 +41,11 @@ func (r *Registry) Snapshot() []BreakerSnapshot {
 			out = append(out, rb.snapshot(now, "", rb.single))
 			continue
 		}
-		rb.mu.RLock()
+		rb.mu.Lock()
 		for b, resource := range rb.entries {
 			out = append(out, rb.snapshot(now, resource, b))
 		}
-		rb.mu.RUnlock()
+		rb.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b BreakerSnapshot) int {
 		if c := strings.Compare(a.Rule, b.Rule); c != 0 {
