@@ -52,7 +52,7 @@ func writeRules(t *testing.T, dir, name, content string) {
 }
 
 // testLogger writes the server's log to the test's output.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
@@ -75,7 +75,7 @@ func start(t *testing.T, rules map[string]string, mod func(*config.Settings), op
 }
 
 // startWith runs a server with the given settings until the test ends.
-func startWith(t *testing.T, s config.Settings, opts ...server.Option) *testServer {
+func startWith(t testing.TB, s config.Settings, opts ...server.Option) *testServer {
 	t.Helper()
 	srv, err := server.New(s, testLogger(t), opts...)
 	if err != nil {
@@ -114,7 +114,7 @@ func (ts *testServer) rls(t *testing.T) rlsv3.RateLimitServiceClient {
 }
 
 // get fetches url and returns the status code and body.
-func get(t *testing.T, url string) (int, string) {
+func get(t testing.TB, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -126,7 +126,7 @@ func get(t *testing.T, url string) (int, string) {
 }
 
 // post sends body to url and returns the status code and body.
-func post(t *testing.T, url, body string) (int, string) {
+func post(t testing.TB, url, body string) (int, string) {
 	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {

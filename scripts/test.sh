@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every test of the repository on a fresh machine: installs what the
+# tests need (redis-server for the Redis integration tests), then go vet,
+# the race-enabled test suite, and a short run of each fuzz target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GO=${GO:-go}
+FUZZTIME=${FUZZTIME:-5s}
+
+need_redis() {
+	command -v redis-server >/dev/null && return 0
+	if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+		echo "test.sh: redis-server missing; installing redis-server and redis-tools with apt-get" >&2
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+		# Debian starts a system redis on :6379 after install; the tests
+		# start their own on free ports and need none.
+		command -v redis-server >/dev/null && return 0
+	fi
+	cat >&2 <<'MSG'
+test.sh: the Redis integration tests need redis-server on PATH.
+Install it, for example:
+  Debian/Ubuntu: sudo apt-get install -y redis-server redis-tools
+  macOS:         brew install redis
+then run `make test` again.
+MSG
+	exit 1
+}
+
+need_redis
+
+echo "== gofmt" >&2
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
+if [ -n "$unformatted" ]; then
+	echo "gofmt needed on:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+
+echo "== go vet ./..." >&2
+"$GO" vet ./...
+
+echo "== go test -race ./..." >&2
+"$GO" test -race -count=1 -timeout 15m ./...
+
+# Fuzz targets, each run for FUZZTIME ("package FuzzName" per line). Findings
+# are written to the package's testdata/fuzz and must become regression
+# tests. Engineers add their targets here.
+FUZZ_TARGETS=(
+	"./descriptors FuzzParse"
+	"./descriptors FuzzMatch"
+	"./service FuzzExtProc"
+	"./service FuzzAccessLog"
+	"./service FuzzReport"
+	"./server FuzzJSON"
+)
+
+if [ "$FUZZTIME" != "0" ] && [ "$FUZZTIME" != "0s" ]; then
+	for target in "${FUZZ_TARGETS[@]}"; do
+		read -r pkg name <<<"$target"
+		echo "== fuzz $pkg $name ($FUZZTIME)" >&2
+		"$GO" test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg"
+	done
+fi
+echo "== all tests passed" >&2
