@@ -2,6 +2,7 @@ package service
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,6 +177,24 @@ func TestSFString(t *testing.T) {
 		if got := sfString(in); got != want {
 			t.Errorf("sfString(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+func TestCheckRulesMetadata(t *testing.T) {
+	set := mustParse(t, `
+domain: d
+descriptors:
+  - key: k
+    metadata: {when: 2024-01-02T03:04:05Z}
+    rate_limit: {unit: second, requests_per_unit: 1}
+`)
+	if err := newHarness(t, nil, nil).svc.CheckRules(set); err != nil {
+		t.Fatalf("without dynamic metadata: CheckRules = %v", err)
+	}
+	h := newHarness(t, nil, func(o *Options) { o.DynamicMetadata = true })
+	// YAML decodes the timestamp as a time.Time, which a Struct cannot hold.
+	if err := h.svc.CheckRules(set); err == nil || !strings.Contains(err.Error(), "metadata") {
+		t.Fatalf("CheckRules = %v, want a metadata error", err)
 	}
 }
 

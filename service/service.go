@@ -198,17 +198,24 @@ func (s *Service) Rules() *descriptors.Set {
 	return nil
 }
 
-// CheckRules reports every rule of set whose limits this service cannot lay
-// out (a window length its bucket count does not divide), as errors.Join of
-// *descriptors.Error; nil when the whole set can be served.
+// CheckRules reports every rule of set that this service cannot serve as
+// written, as errors.Join of *descriptors.Error; nil when the whole set can
+// be served: a window length its bucket count does not divide, an algorithm
+// the limiter does not implement, or (with DynamicMetadata) metadata that
+// has no protobuf Struct form.
 func (s *Service) CheckRules(set *descriptors.Set) error {
 	if set == nil {
 		return nil
 	}
 	var errs []error
 	for _, r := range set.Rules() {
-		if info := s.newRuleInfo(r); info.err != nil {
+		info := s.newRuleInfo(r)
+		if info.err != nil {
 			errs = append(errs, &descriptors.Error{File: r.File, Line: r.Line, Reason: info.err.Error()})
+		}
+		if s.metadata && info.metadataErr != nil {
+			errs = append(errs, &descriptors.Error{File: r.File, Line: r.Line,
+				Reason: fmt.Sprintf("metadata cannot be returned as dynamic metadata: %v", info.metadataErr)})
 		}
 	}
 	return errors.Join(errs...)
