@@ -500,3 +500,46 @@ func TestExtProcInvalidMessage(t *testing.T) {
 		t.Errorf("empty message: %v, want InvalidArgument", err)
 	}
 }
+
+// TestAbandonedStreamsLeaveNoGoroutines abandons ext_proc streams (one with
+// the in-flight timer and its receiving goroutine running) and an access-log
+// stream, and checks, while the server keeps running, that every goroutine
+// they started has ended.
+func TestAbandonedStreamsLeaveNoGoroutines(t *testing.T) {
+	e := newBreakerEnv(t)
+	e.observeRequest("", "orders", time.Millisecond, "200") // the connection is up
+	ignore := goleak.IgnoreCurrent()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	slow, err := e.extProc().Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Send(requestHeaders("checkout", "backend", true)); err != nil {
+		t.Fatal(err)
+	}
+	e.nextTimer() // timer armed: the handler now receives on a second goroutine
+	plain, err := e.extProc().Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Send(requestHeaders("", "orders", false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := als.Send(&accesslogv3.StreamAccessLogsMessage{}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	goleak.VerifyNone(t, ignore)
+	// Both abandoned ext_proc requests counted as aborted.
+	e.eventually("aborts counted", func() bool {
+		return e.stats(slowRule).Failed == 1 && e.stats(ordersRule).Failed == 1
+	})
+}
