@@ -18,6 +18,9 @@ type backend struct {
 	run func(ctx context.Context)
 	// close releases the backend's resources.
 	close func()
+	// healthy, when set, reports whether the backend can answer; health
+	// follows it (nil: always).
+	healthy func() bool
 }
 
 // newBackend builds the limiter chosen by BACKEND_TYPE. A new backend type
@@ -26,6 +29,8 @@ func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logge
 	switch s.BackendType {
 	case config.BackendMemory:
 		return newMemoryBackend(s, reg), nil
+	case config.BackendRedis:
+		return newRedisBackend(s, reg, logger)
 	}
 	return backend{}, fmt.Errorf("BACKEND_TYPE %q is not supported", s.BackendType)
 }

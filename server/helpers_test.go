@@ -202,3 +202,8 @@ descriptors:
     rate_limit:
       unlimited: true
 `
+
+// newServerErr builds a server expected to fail.
+func newServerErr(t *testing.T, s config.Settings) (*server.Server, error) {
+	return server.New(s, testLogger(t))
+}

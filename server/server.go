@@ -236,6 +236,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	bg.Go(func() { s.backend.run(bgCtx) })
+	if s.backend.healthy != nil {
+		bg.Go(func() { s.health.watchBackend(bgCtx, s.backend.healthy, backendHealthInterval) })
+	}
 
 	var runErr error
 	select {
