@@ -257,20 +257,37 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 // (which matched rule, one per path entry) admits a request now and, if
 // not, how long until it may. A rule without a breaker, or a distinct value
 // never observed, always passes. In the closed state this costs a map
-// lookup and an atomic load.
+// lookup and an atomic load; the clock is read only when the breaker is
+// not closed.
 func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, retryAfter time.Duration) {
-	t := r.table.Load()
-	rb := t.byRule[rule]
-	if rb == nil {
-		if rb = t.byID[rule.ID]; rb == nil {
-			return true, 0
-		}
-	}
-	b := rb.lookup(entries)
+	b := r.breakerOf(rule, entries)
 	if b == nil || State(b.state.Load()) == Closed {
 		return true, 0
 	}
 	return b.AllowAt(r.clock.Now())
+}
+
+// AllowAt is Allow at the given time.
+func (r *Registry) AllowAt(rule *descriptors.Rule, entries []descriptors.Entry, now time.Duration) (ok bool, retryAfter time.Duration) {
+	b := r.breakerOf(rule, entries)
+	if b == nil {
+		return true, 0
+	}
+	return b.AllowAt(now)
+}
+
+// breakerOf returns the breaker of rule for entries, or nil.
+func (r *Registry) breakerOf(rule *descriptors.Rule, entries []descriptors.Entry) *Breaker {
+	t := r.table.Load()
+	rb := t.byRule[rule]
+	if rb == nil {
+		// A rule of a set not yet passed to SetRules, or of the previous
+		// one (a request in flight across a reload): same ID, same breakers.
+		if rb = t.byID[rule.ID]; rb == nil {
+			return nil
+		}
+	}
+	return rb.lookup(entries)
 }
 
 // Target is one breaker an observation feeds.
@@ -323,19 +340,23 @@ rules:
 }
 
 // Observe feeds obs to every breaker it matches (see Targets).
-func (r *Registry) Observe(obs Observation) {
+func (r *Registry) Observe(obs Observation) { r.ObserveAt(obs, r.clock.Now()) }
+
+// ObserveAt is Observe at the given time.
+func (r *Registry) ObserveAt(obs Observation, now time.Duration) {
 	var buf [8]Target
-	r.ObserveTargets(r.Targets(buf[:0], &obs), obs)
+	r.ObserveTargetsAt(r.Targets(buf[:0], &obs), obs, now)
 }
 
 // ObserveTargets feeds obs to the given targets, as resolved by Targets,
 // and counts it by source.
 func (r *Registry) ObserveTargets(targets []Target, obs Observation) {
+	r.ObserveTargetsAt(targets, obs, r.clock.Now())
+}
+
+// ObserveTargetsAt is ObserveTargets at the given time.
+func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.Duration) {
 	r.metrics.observed(obs.Source)
-	if len(targets) == 0 {
-		return
-	}
-	now := r.clock.Now()
 	o := obs.outcome()
 	for _, t := range targets {
 		if !o.Aborted && !o.InFlight {
@@ -352,13 +373,18 @@ func (r *Registry) ObserveTargets(targets []Target, obs Observation) {
 // another half-open one refuses keeps the slot taken until the probe times
 // out (ProbeTimeout) and reopens it.
 func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Duration) {
-	var now time.Duration
-	read := false
+	for _, t := range targets {
+		if State(t.b.state.Load()) != Closed {
+			return r.AllowTargetsAt(targets, r.clock.Now())
+		}
+	}
+	return true, 0
+}
+
+// AllowTargetsAt is AllowTargets at the given time.
+func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool, retryAfter time.Duration) {
 	for _, t := range targets { // an open breaker refuses without taking probes of the others
 		if State(t.b.state.Load()) == Open {
-			if !read {
-				now, read = r.clock.Now(), true
-			}
 			if until := time.Duration(t.b.until.Load()); now < until {
 				retryAfter = max(retryAfter, until-now)
 			}
@@ -371,9 +397,6 @@ func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Dura
 	for _, t := range targets {
 		if State(t.b.state.Load()) == Closed {
 			continue
-		}
-		if !read {
-			now, read = r.clock.Now(), true
 		}
 		if allowed, wait := t.b.AllowAt(now); !allowed {
 			ok, retryAfter = false, max(retryAfter, wait)

@@ -32,9 +32,12 @@ type BreakerSnapshot struct {
 }
 
 // Snapshot lists every breaker with its state and window statistics,
-// ordered by rule ID and resource.
-func (r *Registry) Snapshot() []BreakerSnapshot {
-	now := r.clock.Now()
+// ordered by rule ID and resource, after applying the transitions due by
+// now (an open breaker past its open_duration shows as half-open).
+func (r *Registry) Snapshot() []BreakerSnapshot { return r.SnapshotAt(r.clock.Now()) }
+
+// SnapshotAt is Snapshot at the given time.
+func (r *Registry) SnapshotAt(now time.Duration) []BreakerSnapshot {
 	out := []BreakerSnapshot{}
 	for _, rb := range r.table.Load().list {
 		if rb.single != nil {
