@@ -92,6 +92,13 @@ type Request struct {
 	// Veto marks a request whose refusal makes the whole batch record nothing
 	// (see Limiter.Do). Shadow-mode and quota-mode rules leave it false.
 	Veto bool
+	// Algorithm selects how the counter admits hits; the zero value is
+	// SlidingWindow. A key is bound to its Spec and Algorithm.
+	Algorithm Algorithm
+	// Negative makes the request a refund: Hits are taken back from the
+	// counter (the newest first, never below zero) instead of added. A
+	// refund is never refused; it applies only if the batch is not vetoed.
+	Negative bool
 }
 
 // Result is the answer to one Request.

@@ -43,7 +43,7 @@ type Store struct {
 
 type storeShard struct {
 	mu  sync.RWMutex
-	m   map[string]*Counter
+	m   map[string]meter
 	idx int                   // position in Store.shards
 	_   [64 - 24 - 8 - 8]byte // keep shards on separate cache lines
 }
@@ -68,7 +68,7 @@ func NewStore(clock Clock, opts ...StoreOption) *Store {
 		o(s)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*Counter)
+		s.shards[i].m = make(map[string]meter)
 		s.shards[i].idx = i
 	}
 	return s
@@ -104,8 +104,11 @@ var ErrInvalidSpec = errors.New("window: invalid Spec (build it with NewSpec)")
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
 // nothing is recorded (allowed requests are admitted in order, then undone);
-// refused requests never consume quota. A check-only request (Hits 0) on an
-// unknown key creates no counter.
+// refused requests never consume quota. Refunds (Negative requests) are
+// applied after the admissions, only if nothing was vetoed; a vetoed
+// refund's result is a check. A check-only request (Hits 0), a refund, or
+// a request no window can take (Hits > Limit) on an unknown key creates no
+// counter.
 func (s *Store) Do(ctx context.Context, reqs []Request) ([]Result, error) {
 	results := make([]Result, len(reqs))
 	return results, s.DoAt(ctx, s.clock.Now(), reqs, results)
@@ -125,12 +128,31 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 		if !reqs[i].Spec.valid() {
 			return fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, ErrInvalidSpec)
 		}
+		if reqs[i].Algorithm > FixedWindow {
+			return fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
+		}
 	}
-	vetoed := false
+	vetoed, refunds := false, false
 	for i := range reqs {
+		if reqs[i].Negative {
+			refunds = true
+			continue
+		}
 		results[i] = s.allow(now, &reqs[i])
 		if !results[i].Allowed && reqs[i].Veto {
 			vetoed = true
+		}
+	}
+	if refunds {
+		for i := range reqs {
+			if !reqs[i].Negative {
+				continue
+			}
+			if vetoed {
+				results[i] = s.allow(now, &Request{Key: reqs[i].Key, Spec: reqs[i].Spec, Limit: reqs[i].Limit, Algorithm: reqs[i].Algorithm})
+			} else {
+				results[i] = s.refund(now, &reqs[i])
+			}
 		}
 	}
 	if vetoed {
@@ -162,12 +184,13 @@ func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) erro
 	return nil
 }
 
-// CountAt returns the hits counted for key at now (0 for an unknown key).
+// CountAt returns the hits counted for key at now by a SlidingWindow
+// counter (0 for an unknown key or another algorithm).
 func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	sh := s.shard(key)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	if c := sh.m[key]; c != nil {
+	if c, ok := sh.m[key].(*Counter); ok {
 		return c.CountAt(now)
 	}
 	return 0
@@ -216,38 +239,59 @@ func (s *Store) shard(key string) *storeShard {
 func (s *Store) allow(now time.Duration, req *Request) Result {
 	sh := s.shard(req.Key)
 	sh.mu.RLock()
-	c := sh.m[req.Key]
-	if c != nil && c.spec == req.Spec {
+	m := sh.m[req.Key]
+	if m != nil && matches(m, req) {
 		// The read lock keeps Sweep and eviction from removing the counter
 		// while hits go in, so no admitted hit is lost with it.
-		r := c.AllowAt(now, req.Hits, req.Limit)
+		r := m.AllowAt(now, req.Hits, req.Limit)
 		sh.mu.RUnlock()
 		return r
 	}
 	sh.mu.RUnlock()
-	if req.Hits == 0 {
-		// Nothing counted for this key: answer without creating a counter.
-		limit := min(req.Limit, MaxLimit)
+	// Nothing is counted for this key: answer checks and requests that no
+	// window can take without creating a counter.
+	if limit := min(req.Limit, MaxLimit); req.Hits == 0 {
 		return Result{Allowed: limit > 0, Remaining: limit}
+	} else if req.Hits > limit {
+		return Result{Remaining: limit, Reset: req.Spec.Length()}
 	}
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	c = sh.m[req.Key]
+	m = sh.m[req.Key]
 	switch {
-	case c == nil:
+	case m == nil:
 		if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
 			s.makeRoom(sh, now)
 		}
-		c = NewCounter(req.Spec)
-		sh.m[strings.Clone(req.Key)] = c
+		m = newMeter(req.Spec, req.Algorithm)
+		sh.m[strings.Clone(req.Key)] = m
 		s.keys.Add(1)
-	case c.spec != req.Spec:
-		c = NewCounter(req.Spec)
-		sh.m[req.Key] = c
+	case !matches(m, req):
+		m = newMeter(req.Spec, req.Algorithm)
+		sh.m[req.Key] = m
 		s.replaced.Add(1)
 	}
-	return c.AllowAt(now, req.Hits, req.Limit)
+	return m.AllowAt(now, req.Hits, req.Limit)
+}
+
+// refund answers a Negative request: its hits are taken back from the
+// key's counter, if it has one with the request's layout.
+func (s *Store) refund(now time.Duration, req *Request) Result {
+	sh := s.shard(req.Key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if m := sh.m[req.Key]; m != nil && matches(m, req) {
+		return m.refund(now, req.Hits, req.Limit)
+	}
+	limit := min(req.Limit, MaxLimit)
+	return Result{Allowed: limit > 0, Remaining: limit}
+}
+
+// matches reports whether m is the counter req's Spec and Algorithm call for.
+func matches(m meter, req *Request) bool {
+	spec, alg := m.layout()
+	return spec == req.Spec && alg == req.Algorithm
 }
 
 // evictSample is how many keys eviction compares.
@@ -257,7 +301,7 @@ const evictSample = 8
 type candidate struct {
 	sh   *storeShard
 	key  string
-	c    *Counter
+	c    meter
 	used time.Duration
 	idle bool
 }
@@ -312,7 +356,8 @@ func sample(sh *storeShard, now time.Duration, dst []candidate) int {
 		used := c.LastUsed()
 		// Only a counter untouched for a window and a bucket can be idle:
 		// skip the exact (draining) check for the others.
-		idle := now-used > c.spec.Length()+time.Duration(c.bucketLen) && c.idleAt(now)
+		spec, _ := c.layout()
+		idle := now-used > spec.Length()+spec.BucketLength() && c.idleAt(now)
 		dst[n] = candidate{sh: sh, key: k, c: c, used: used, idle: idle}
 		n++
 		if idle {
@@ -327,8 +372,8 @@ func sample(sh *storeShard, now time.Duration, dst []candidate) int {
 func (s *Store) undo(req *Request, bucket int64) {
 	sh := s.shard(req.Key)
 	sh.mu.RLock()
-	if c := sh.m[req.Key]; c != nil && c.spec == req.Spec {
-		c.UndoAt(bucket, req.Hits)
+	if m := sh.m[req.Key]; m != nil && matches(m, req) {
+		m.undo(bucket, req.Hits, req.Limit)
 	}
 	sh.mu.RUnlock()
 }

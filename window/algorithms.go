@@ -1,0 +1,289 @@
+package window
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Algorithm selects how a key's counter admits hits.
+type Algorithm uint8
+
+// The algorithms a Request may choose.
+const (
+	// SlidingWindow (the default) admits at most limit hits in any window
+	// of length Spec.Length(): no boundary burst. Pick it for "N per unit"
+	// limits that must hold over every trailing window. It costs about 300
+	// bytes per key with 20 buckets (see Counter).
+	SlidingWindow Algorithm = iota
+	// TokenBucket is GCRA: a bucket of limit tokens refilled at limit per
+	// Spec.Length(), one timestamp per key. A full bucket admits a burst of
+	// limit at once, then hits pass at the refill rate; in any interval T at
+	// most limit + limit*T/Length() are admitted. Pick it for burst-friendly
+	// APIs and smooth pacing; retry times are exact. Buckets are ignored.
+	TokenBucket
+	// FixedWindow counts hits in epoch-aligned windows of Spec.Length()
+	// (as envoyproxy/ratelimit does), so up to 2x limit can pass around a
+	// window edge. Unlike envoyproxy/ratelimit, refused hits are not
+	// counted. Pick it to reproduce that service's behaviour exactly.
+	// Buckets are ignored.
+	FixedWindow
+)
+
+// String returns the algorithm's name in rule files.
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingWindow:
+		return "sliding_window"
+	case TokenBucket:
+		return "token_bucket"
+	case FixedWindow:
+		return "fixed_window"
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// meter is what a Store keeps per key: one of Counter, GCRA, FixedCounter.
+type meter interface {
+	AllowAt(now time.Duration, hits, limit uint64) Result
+	// undo takes back hits recorded in bucket under limit.
+	undo(bucket int64, hits, limit uint64)
+	// refund takes back hits as of now and answers a check.
+	refund(now time.Duration, hits, limit uint64) Result
+	idleAt(now time.Duration) bool
+	LastUsed() time.Duration
+	layout() (Spec, Algorithm)
+}
+
+func newMeter(spec Spec, alg Algorithm) meter {
+	switch alg {
+	case TokenBucket:
+		return NewGCRA(spec)
+	case FixedWindow:
+		return NewFixedCounter(spec)
+	}
+	return NewCounter(spec)
+}
+
+func (c *Counter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
+func (c *Counter) refund(now time.Duration, hits, limit uint64) Result {
+	c.RefundAt(now, hits)
+	return c.AllowAt(now, 0, limit)
+}
+func (c *Counter) layout() (Spec, Algorithm) { return c.spec, SlidingWindow }
+
+// GCRA is a token bucket kept as one theoretical arrival time (TAT) per
+// key, updated by compare-and-swap (the generic cell rate algorithm). With
+// limit L per window W, a hit costs the emission interval T = ceil(W/L) and
+// a request passes if the TAT it would leave is at most L*T ahead of now:
+// a full bucket admits L hits at once, then one per T.
+//
+// A GCRA is safe for concurrent use, lock-free and allocation-free. Times
+// are Durations on a monotonic Clock; a time earlier than one already seen
+// is treated as that time.
+type GCRA struct {
+	spec Spec
+	tat  atomic.Int64 // theoretical arrival time, ns
+	seen atomic.Int64 // newest time seen
+}
+
+// NewGCRA returns a full token bucket refilled over spec.Length().
+func NewGCRA(spec Spec) *GCRA {
+	if !spec.valid() {
+		panic("window: NewGCRA with an invalid Spec (build it with NewSpec)")
+	}
+	return &GCRA{spec: spec}
+}
+
+// AllowAt takes hits tokens if the bucket holds them (all or nothing);
+// hits == 0 checks for one token. Result.Remaining is the whole tokens
+// left; Reset is, when allowed, the time until the bucket is full again,
+// when refused, the exact time until the request would pass.
+func (g *GCRA) AllowAt(now time.Duration, hits, limit uint64) Result {
+	limit = min(limit, MaxLimit)
+	t := g.clamp(now)
+	if limit == 0 || hits > limit {
+		return Result{Reset: g.spec.Length()}
+	}
+	interval := g.interval(limit)
+	tau := int64(limit) * interval // burst tolerance: L tokens
+	for {
+		tat := g.tat.Load()
+		base := max(tat, t)
+		cost := int64(max(hits, 1)) * interval
+		next := base + cost
+		if next-t > tau || hits == 0 {
+			r := Result{
+				Allowed:   next-t <= tau,
+				Remaining: uint64((tau - (base - t)) / interval),
+			}
+			if r.Allowed {
+				r.Reset = max(0, time.Duration(base)-now)
+			} else {
+				r.Reset = max(0, time.Duration(next-tau)-now)
+			}
+			return r
+		}
+		if g.tat.CompareAndSwap(tat, next) {
+			return Result{
+				Allowed:   true,
+				Recorded:  true,
+				Remaining: uint64((tau - (next - t)) / interval),
+				Reset:     max(0, time.Duration(next)-now),
+			}
+		}
+	}
+}
+
+// LastUsed returns the newest time seen.
+func (g *GCRA) LastUsed() time.Duration { return time.Duration(g.seen.Load()) }
+
+func (g *GCRA) undo(_ int64, hits, limit uint64) { g.giveBack(g.seen.Load(), hits, limit) }
+
+func (g *GCRA) refund(now time.Duration, hits, limit uint64) Result {
+	g.giveBack(g.clamp(now), hits, limit)
+	return g.AllowAt(now, 0, limit)
+}
+
+// giveBack returns hits tokens, never filling the bucket beyond full.
+func (g *GCRA) giveBack(t int64, hits, limit uint64) {
+	limit = min(limit, MaxLimit)
+	if hits == 0 || limit == 0 {
+		return
+	}
+	back := int64(min(hits, limit)) * g.interval(limit)
+	for {
+		tat := g.tat.Load()
+		if tat <= t {
+			return
+		}
+		if g.tat.CompareAndSwap(tat, max(tat-back, t)) {
+			return
+		}
+	}
+}
+
+func (g *GCRA) idleAt(now time.Duration) bool { return g.tat.Load() <= g.clamp(now) }
+
+func (g *GCRA) layout() (Spec, Algorithm) { return g.spec, TokenBucket }
+
+// interval is the emission interval for limit: W/limit rounded up, so the
+// sustained rate never exceeds limit per window.
+func (g *GCRA) interval(limit uint64) int64 {
+	l := int64(limit)
+	return (g.spec.length + l - 1) / l
+}
+
+// clamp returns now as ns, never earlier than a time already seen.
+func (g *GCRA) clamp(now time.Duration) int64 {
+	t := int64(max(now, 0))
+	for {
+		s := g.seen.Load()
+		if t <= s {
+			return s
+		}
+		if g.seen.CompareAndSwap(s, t) {
+			return t
+		}
+	}
+}
+
+// FixedCounter counts hits in epoch-aligned windows of Spec.Length()
+// (window n covers [n*W, (n+1)*W)), in one word packing the window number
+// (high 32 bits) and its count (low 32 bits), updated by compare-and-swap.
+// Refused hits are not counted. It is safe for concurrent use, lock-free
+// and allocation-free; a clock that steps back is treated as standing
+// still.
+type FixedCounter struct {
+	spec Spec
+	word atomic.Uint64
+	seen atomic.Int64
+}
+
+// NewFixedCounter returns an empty fixed-window counter.
+func NewFixedCounter(spec Spec) *FixedCounter {
+	if !spec.valid() {
+		panic("window: NewFixedCounter with an invalid Spec (build it with NewSpec)")
+	}
+	return &FixedCounter{spec: spec}
+}
+
+// AllowAt adds hits to the current window if they fit under limit;
+// hits == 0 checks for one more. Reset is the time until the window ends.
+// Result.Bucket is the window number, for undo.
+func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
+	limit = min(limit, MaxLimit)
+	if now > time.Duration(f.seen.Load()) {
+		f.seen.Store(int64(now)) // racy max, fine for LRU
+	}
+	for {
+		w := f.word.Load()
+		cur, cnt := f.current(now, w)
+		r := Result{
+			Remaining: limit - min(cnt, limit),
+			Reset:     max(0, time.Duration((cur+1)*f.spec.length)-now),
+			Bucket:    cur,
+		}
+		if hits == 0 {
+			r.Allowed = cnt < limit
+			return r
+		}
+		if cnt > limit || hits > limit-cnt {
+			if hits > limit {
+				r.Reset = f.spec.Length()
+			}
+			return r
+		}
+		if f.word.CompareAndSwap(w, pack(cur, cnt+hits)) {
+			r.Allowed, r.Recorded = true, true
+			r.Remaining = limit - cnt - hits
+			return r
+		}
+	}
+}
+
+// current returns the window to act in at now (the stored one if the clock
+// stepped back) and its count, given the stored word w.
+func (f *FixedCounter) current(now time.Duration, w uint64) (int64, uint64) {
+	id := int64(max(now, 0)) / f.spec.length
+	switch d := int32(uint32(id) - tag(w)); {
+	case d > 0:
+		return id, 0
+	case d < 0:
+		return id - int64(d), uint64(count(w))
+	}
+	return id, uint64(count(w))
+}
+
+// LastUsed returns the latest time passed to AllowAt.
+func (f *FixedCounter) LastUsed() time.Duration { return time.Duration(f.seen.Load()) }
+
+func (f *FixedCounter) undo(bucket int64, hits, _ uint64) {
+	for {
+		w := f.word.Load()
+		if tag(w) != uint32(bucket) || count(w) == 0 {
+			return
+		}
+		if f.word.CompareAndSwap(w, w-min(uint64(count(w)), hits)) {
+			return
+		}
+	}
+}
+
+func (f *FixedCounter) refund(now time.Duration, hits, limit uint64) Result {
+	for {
+		w := f.word.Load()
+		cur, cnt := f.current(now, w)
+		if cnt == 0 || f.word.CompareAndSwap(w, pack(cur, cnt-min(cnt, hits))) {
+			break
+		}
+	}
+	return f.AllowAt(now, 0, limit)
+}
+
+func (f *FixedCounter) idleAt(now time.Duration) bool {
+	_, cnt := f.current(now, f.word.Load())
+	return cnt == 0
+}
+
+func (f *FixedCounter) layout() (Spec, Algorithm) { return f.spec, FixedWindow }

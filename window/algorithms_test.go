@@ -1,0 +1,219 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestGCRABurstAndRate(t *testing.T) {
+	tests := []struct {
+		window time.Duration
+		limit  uint64
+	}{
+		{time.Second, 10},
+		{time.Second, 3}, // emission interval not a whole number of ns
+		{time.Minute, 1000},
+		{time.Second, 1},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%d per %v", tt.limit, tt.window), func(t *testing.T) {
+			g := NewGCRA(mustSpec(t, tt.window, 1))
+			start := time.Hour
+			for i := range tt.limit {
+				r := g.AllowAt(start, 1, tt.limit)
+				if !r.Allowed || r.Remaining != tt.limit-1-i {
+					t.Fatalf("burst hit %d: %+v, want allowed, remaining %d", i, r, tt.limit-1-i)
+				}
+			}
+			if r := g.AllowAt(start, 1, tt.limit); r.Allowed {
+				t.Fatalf("hit beyond the burst allowed: %+v", r)
+			}
+			// Hammer for 10 windows: at most limit per window after the burst.
+			admitted := uint64(0)
+			step := tt.window / 1000
+			for now := start; now < start+10*tt.window; now += step {
+				if g.AllowAt(now, 1, tt.limit).Allowed {
+					admitted++
+				}
+			}
+			if admitted > 10*tt.limit || admitted < 10*tt.limit-1 {
+				t.Fatalf("admitted %d over 10 windows after the burst, want %d", admitted, 10*tt.limit)
+			}
+		})
+	}
+}
+
+// The retry time is exact, and honours the number of hits asked for.
+func TestGCRARetryExact(t *testing.T) {
+	for _, hits := range []uint64{1, 3, 10} {
+		t.Run(fmt.Sprint("hits ", hits), func(t *testing.T) {
+			g := NewGCRA(mustSpec(t, time.Second, 1))
+			g.AllowAt(0, 10, 10)
+			now := 250 * time.Millisecond
+			r := g.AllowAt(now, hits, 10)
+			if hits <= 2 {
+				if !r.Allowed {
+					t.Fatalf("2.5 tokens refilled but %d refused: %+v", hits, r)
+				}
+				return
+			}
+			if r.Allowed || r.Reset <= 0 {
+				t.Fatalf("refused with a Reset expected: %+v", r)
+			}
+			if g.AllowAt(now+r.Reset-time.Nanosecond, hits, 10).Allowed {
+				t.Fatalf("allowed before Reset %v", r.Reset)
+			}
+			if !g.AllowAt(now+r.Reset, hits, 10).Allowed {
+				t.Fatalf("refused at Reset %v", r.Reset)
+			}
+		})
+	}
+}
+
+func TestGCRAEdgeCases(t *testing.T) {
+	spec := mustSpec(t, time.Second, 1)
+	g := NewGCRA(spec)
+	if r := g.AllowAt(0, 11, 10); r.Allowed || r.Reset != time.Second {
+		t.Fatalf("more hits than the limit: %+v", r)
+	}
+	if r := g.AllowAt(0, 1, 0); r.Allowed {
+		t.Fatalf("limit 0 allowed: %+v", r)
+	}
+	// Clock step back: the burst taken at 10s is not given back at 5s.
+	g.AllowAt(10*time.Second, 10, 10)
+	if r := g.AllowAt(5*time.Second, 1, 10); r.Allowed {
+		t.Fatalf("clock step back failed open: %+v", r)
+	}
+	// Refund of 2 gives exactly 2 tokens back, never more than full.
+	g.refund(10*time.Second, 2, 10)
+	if r := g.AllowAt(10*time.Second, 2, 10); !r.Allowed {
+		t.Fatalf("refunded tokens not available: %+v", r)
+	}
+	if r := g.AllowAt(10*time.Second, 1, 10); r.Allowed {
+		t.Fatalf("refund gave back too much: %+v", r)
+	}
+	g.refund(10*time.Second, 1000, 10)
+	if r := g.AllowAt(10*time.Second, 0, 10); r.Remaining != 10 || r.Reset != 0 {
+		t.Fatalf("after a refund of everything: %+v, want full with Reset 0", r)
+	}
+}
+
+func TestFixedCounter(t *testing.T) {
+	f := NewFixedCounter(mustSpec(t, time.Second, 1))
+	for i := range 5 {
+		if r := f.AllowAt(999*time.Millisecond, 1, 5); !r.Allowed || r.Reset != time.Millisecond {
+			t.Fatalf("hit %d: %+v", i, r)
+		}
+	}
+	for range 100 { // refused hits are not counted
+		if f.AllowAt(999*time.Millisecond, 1, 5).Allowed {
+			t.Fatal("6th hit allowed")
+		}
+	}
+	// envoyproxy/ratelimit's behaviour: the next window starts empty, so 2x
+	// the limit passes within 2 ms around the edge.
+	for i := range 5 {
+		if r := f.AllowAt(time.Second, 1, 5); !r.Allowed || r.Reset != time.Second {
+			t.Fatalf("next window hit %d: %+v", i, r)
+		}
+	}
+	// Clock step back: stays in the newer window, still full.
+	if r := f.AllowAt(500*time.Millisecond, 1, 5); r.Allowed {
+		t.Fatalf("clock step back failed open: %+v", r)
+	}
+	f.refund(time.Second, 2, 5)
+	if r := f.AllowAt(time.Second, 2, 5); !r.Allowed || r.Remaining != 0 {
+		t.Fatalf("after refund of 2: %+v", r)
+	}
+	f.undo(1, 2, 5)
+	if r := f.AllowAt(time.Second, 0, 5); r.Remaining != 2 {
+		t.Fatalf("after undo of 2: %+v", r)
+	}
+	f.undo(0, 2, 5) // an older window: nothing to undo
+	if r := f.AllowAt(time.Second, 0, 5); r.Remaining != 2 {
+		t.Fatalf("undo of an old window changed the count: %+v", r)
+	}
+}
+
+// Every algorithm admits exactly limit at one instant under concurrency.
+func TestAlgorithmsAtomicAdmission(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			m := newMeter(spec, alg)
+			var admitted atomic.Uint64
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 500 {
+						if m.AllowAt(time.Hour, 1, 777).Allowed {
+							admitted.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != 777 {
+				t.Fatalf("admitted %d, want exactly 777", got)
+			}
+		})
+	}
+}
+
+func TestStoreAlgorithmsAndRefunds(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10)
+	ctx := context.Background()
+	clock := &fakeClock{}
+	s := NewStore(clock)
+	do := func(reqs ...Request) []Result {
+		t.Helper()
+		res, err := s.Do(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// A token bucket and a sliding window on different keys.
+	for range 3 {
+		do(Request{Key: "tb", Spec: spec, Limit: 3, Hits: 1, Algorithm: TokenBucket})
+	}
+	if r := do(Request{Key: "tb", Spec: spec, Limit: 3, Hits: 1, Algorithm: TokenBucket}); r[0].Allowed {
+		t.Fatalf("token bucket over its burst: %+v", r[0])
+	}
+	// The same key with another algorithm gets a new counter.
+	if r := do(Request{Key: "tb", Spec: spec, Limit: 3, Hits: 3, Algorithm: FixedWindow}); !r[0].Allowed {
+		t.Fatalf("algorithm change did not replace the counter: %+v", r[0])
+	}
+	if st := s.Stats(); st.Replaced != 1 {
+		t.Fatalf("%+v, want one replacement", st)
+	}
+	// Refunds: newest first, floored at zero, applied only without a veto.
+	do(Request{Key: "sw", Spec: spec, Limit: 10, Hits: 6})
+	res := do(
+		Request{Key: "sw", Spec: spec, Limit: 10, Hits: 4, Negative: true},
+		Request{Key: "other", Spec: spec, Limit: 0, Hits: 1, Veto: true},
+	)
+	if res[0].Recorded || s.CountAt("sw", clock.Now()) != 6 {
+		t.Fatalf("refund applied in a vetoed batch: %+v, count %d", res[0], s.CountAt("sw", clock.Now()))
+	}
+	res = do(Request{Key: "sw", Spec: spec, Limit: 10, Hits: 4, Negative: true})
+	if !res[0].Allowed || res[0].Remaining != 8 || s.CountAt("sw", clock.Now()) != 2 {
+		t.Fatalf("refund of 4: %+v, count %d, want remaining 8", res[0], s.CountAt("sw", clock.Now()))
+	}
+	do(Request{Key: "sw", Spec: spec, Limit: 10, Hits: 40, Negative: true})
+	if got := s.CountAt("sw", clock.Now()); got != 0 {
+		t.Fatalf("refund below zero: count %d", got)
+	}
+	if st := s.Stats(); st.Keys != 2 {
+		t.Fatalf("refunds or checks created keys: %+v", st)
+	}
+	if _, err := s.Do(ctx, []Request{{Key: "x", Spec: spec, Limit: 1, Hits: 1, Algorithm: 9}}); err == nil {
+		t.Fatal("unknown algorithm accepted")
+	}
+}
