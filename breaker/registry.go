@@ -115,6 +115,23 @@ func (r *Registry) Clock() window.Clock { return r.clock }
 // Mapping returns the registry's observation-to-entries mapping.
 func (r *Registry) Mapping() Mapping { return r.mapping }
 
+// CheckRules reports the breaker rules of set that SetRules would skip:
+// each rule whose circuit_breaker block is invalid, as errors.Join of one
+// error per rule. Call it with the rule sink's other checks so that a set
+// is taken or rejected whole.
+func (r *Registry) CheckRules(set *descriptors.Set) error {
+	var errs []error
+	for _, rule := range set.Rules() {
+		if rule.Breaker == nil {
+			continue
+		}
+		if _, err := NewConfig(*rule.Breaker); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: circuit_breaker of %s: %w", rule.File, rule.Line, rule.ID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // SetRules replaces the breaker rules with those of set that carry a
 // Breaker (call it with every newly loaded set). A rule whose ID, path,
 // share_threshold and breaker configuration are unchanged keeps its

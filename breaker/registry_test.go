@@ -266,7 +266,7 @@ func TestSetRulesKeepsUnchangedState(t *testing.T) {
 	}
 }
 
-func TestSetRulesReportsInvalidBreaker(t *testing.T) {
+func TestCheckAndSetRulesReportInvalidBreaker(t *testing.T) {
 	r, err := NewRegistry(Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -277,6 +277,12 @@ func TestSetRulesReportsInvalidBreaker(t *testing.T) {
 	bad := *set.Rule("breaker.destination_cluster_orders").Breaker
 	bad.Window, bad.Buckets = 10*s, 3
 	set.Rule("breaker.destination_cluster_orders").Breaker = &bad
+	if err := r.CheckRules(set); err == nil || !strings.Contains(err.Error(), "rules.yaml") || !strings.Contains(err.Error(), "not divisible") {
+		t.Errorf("CheckRules error = %v", err)
+	}
+	if got := len(r.Snapshot()); got != 0 {
+		t.Errorf("CheckRules applied rules: %d breakers", got)
+	}
 	if err := r.SetRules(set); err == nil || !strings.Contains(err.Error(), "destination_cluster_orders") {
 		t.Errorf("SetRules error = %v", err)
 	}
