@@ -153,3 +153,36 @@ func falseRejectRate(tb testing.TB, k int) (falseRejectPct, usedPct float64) {
 	}
 	return 100 * float64(exact-ours) / float64(offered), 100 * float64(ours) / float64(exact)
 }
+
+// BenchmarkStoreDoOneKey is Store.DoAt on one hot key: the Store's own
+// overhead (hash, shard read lock, map lookup) without cache misses.
+func BenchmarkStoreDoOneKey(b *testing.B) {
+	spec := mustSpec(b, time.Second, DefaultBuckets)
+	s := NewStore(&fakeClock{})
+	var clock atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := []Request{{Key: "domain_key_value", Spec: spec, Limit: 1 << 30, Hits: 1, Veto: true}}
+		res := make([]Result, 1)
+		for pb.Next() {
+			s.DoAt(context.Background(), time.Duration(clock.Add(1000)), req, res)
+		}
+	})
+}
+
+// BenchmarkAlgorithms is AllowAt of each algorithm on one key, time passed in.
+func BenchmarkAlgorithms(b *testing.B) {
+	spec := mustSpec(b, time.Second, DefaultBuckets)
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} {
+		b.Run(alg.String(), func(b *testing.B) {
+			m := newMeter(spec, alg)
+			var clock atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					m.AllowAt(time.Duration(clock.Add(1000)), 1, 1<<31)
+				}
+			})
+		})
+	}
+}

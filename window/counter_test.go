@@ -3,6 +3,7 @@ package window
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -450,5 +451,43 @@ func TestCounterIdleForLong(t *testing.T) {
 	}
 	if r := c.AllowAt(later, 10, 10); !r.Allowed {
 		t.Fatalf("refused after a long idle: %+v", r)
+	}
+}
+
+// Resets on every other operation: a two-slot ring (one bucket) and a
+// clock moving half a bucket per hit, with writers on every core. A reset
+// that is not a compare-and-swap on the packed word wipes concurrent adds
+// (their hits stay in the total forever), caught by the exact count.
+func TestCounterConcurrentResetsExact(t *testing.T) {
+	const k = 1
+	spec := mustSpec(t, 2*time.Microsecond, k)
+	b := spec.BucketLength()
+	c := NewCounter(spec)
+	writers := max(2, runtime.GOMAXPROCS(0))
+	const perG = 200_000
+	var clock atomic.Int64
+	perBucket := make([]atomic.Uint64, writers*perG/2+2)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range perG {
+				now := time.Duration(clock.Add(int64(b) / 2))
+				if r := c.AllowAt(now, 1, MaxLimit); r.Allowed {
+					perBucket[r.Bucket].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	now := time.Duration(clock.Load())
+	e := int64(now / b)
+	var want uint64
+	for x := max(0, e-k); x <= e; x++ {
+		want += perBucket[x].Load()
+	}
+	if got := c.CountAt(now); got != want {
+		t.Fatalf("count %d, want %d", got, want)
 	}
 }
