@@ -153,10 +153,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err := s.plan(sc, st, req); err != nil {
 		return nil, err
 	}
-	anyBreaker := s.consultBreakers(sc)
-	if err := s.buildRequests(sc, domain, anyBreaker); err != nil {
-		return nil, err
-	}
+	s.buildRequests(sc, domain)
 
 	var results []window.Result
 	if len(sc.reqs) > 0 {
@@ -173,6 +170,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 
 	over, reason := s.decide(sc, results)
+	// Breakers are asked only for a request that will pass the rate limits,
+	// so a half-open breaker never spends its probe on a request refused
+	// anyway; a breaker's refusal then takes back the recorded hits.
+	if (!over || s.shadow) && s.consultBreakers(sc) {
+		over, reason = true, ReasonCircuitOpen
+	}
 	if err := s.undo(ctx, sc, results, over); err != nil {
 		s.metrics.error(errTypeLimiter)
 		s.log.Warn("rate limit backend failed to undo hits", "domain", domain, "err", err)
@@ -409,16 +412,12 @@ func (s *Service) consultBreakers(sc *scratch) bool {
 }
 
 // buildRequests appends one window.Request per limit of every limited
-// descriptor. When a breaker already refused the request, every request only
-// checks (Hits 0): a refused request consumes no quota.
-func (s *Service) buildRequests(sc *scratch, domain string, checkOnly bool) error {
+// descriptor.
+func (s *Service) buildRequests(sc *scratch, domain string) {
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		p.first = len(sc.reqs)
 		hits := p.hits
-		if checkOnly {
-			hits = 0
-		}
 		// Global shadow mode lets the request through whatever happens, so
 		// no descriptor vetoes the others' hits.
 		p.veto = !p.shadow && !p.quota && !s.shadow
@@ -442,7 +441,6 @@ func (s *Service) buildRequests(sc *scratch, domain string, checkOnly bool) erro
 		}
 		p.n = len(sc.reqs) - p.first
 	}
-	return nil
 }
 
 // appendOverrideKey appends the counter key of a descriptor limited by its
@@ -482,10 +480,9 @@ func appendUint(dst []byte, v uint64) []byte {
 }
 
 // decide picks each descriptor's reported result and computes the overall
-// outcome before global shadow mode.
+// rate-limit outcome before breakers and global shadow mode.
 func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reason string) {
 	quotaTotal, quotaOver := 0, 0
-	breaker := false
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		for j := p.first; j < p.first+p.n; j++ {
@@ -496,9 +493,6 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 			if p.best < 0 || moreConstraining(r, &results[p.best]) {
 				p.best = j
 			}
-		}
-		if p.breakerOff && !p.shadow {
-			breaker = true
 		}
 		switch {
 		case p.shadow:
@@ -514,10 +508,7 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 	if quotaTotal > 0 && quotaOver == quotaTotal {
 		over = true
 	}
-	switch {
-	case breaker:
-		return true, ReasonCircuitOpen
-	case over:
+	if over {
 		return true, ReasonRateLimited
 	}
 	return false, ""
@@ -542,7 +533,7 @@ func moreConstraining(a, b *window.Result) bool {
 // undo takes back hits that an over answer must not consume: those of
 // non-vetoing descriptors (shadow, quota) with some limit over, and, when the
 // request is refused overall without a veto having prevented recording (all
-// quota descriptors over), every recorded hit.
+// quota descriptors over, or a circuit breaker open), every recorded hit.
 func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result, over bool) error {
 	all := over && !s.shadow
 	for i := range sc.plans {
@@ -551,9 +542,19 @@ func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result
 			continue
 		}
 		for j := p.first; j < p.first+p.n; j++ {
-			if results[j].Recorded {
-				sc.undoReq = append(sc.undoReq, sc.reqs[j])
-				sc.undoRes = append(sc.undoRes, results[j])
+			r := &results[j]
+			if !r.Recorded {
+				continue
+			}
+			sc.undoReq = append(sc.undoReq, sc.reqs[j])
+			sc.undoRes = append(sc.undoRes, *r)
+			// Report the quota as if the hits had not been recorded. The
+			// reset stays an upper bound (the undone hits were the newest),
+			// except that a window left empty has nothing to age out.
+			r.Recorded = false
+			r.Remaining = min(r.Remaining+sc.reqs[j].Hits, sc.reqs[j].Limit)
+			if r.Remaining == sc.reqs[j].Limit {
+				r.Reset = 0
 			}
 		}
 	}

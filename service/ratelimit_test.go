@@ -204,9 +204,10 @@ func TestShouldRateLimit(t *testing.T) {
 				// Both over: refused.
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOver, reason: ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOver(lim(2, second, ""), 0, 1100*ms)}},
-				// Every quota descriptor over: the regular one's recorded hit is undone.
+				// Every quota descriptor over: the regular one's recorded hit is
+				// undone, and its status says so.
 				{req: req("test", desc("k", "exact"), desc("quota", "a")), overall: codeOver, reason: ReasonRateLimited,
-					statuses: []*dstatus{wantOK(exact3, 2, 1100*ms), wantOver(lim(1, second, ""), 0, 1100*ms)}},
+					statuses: []*dstatus{wantOK(exact3, 3, 0), wantOver(lim(1, second, ""), 0, 1100*ms)}},
 				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
 			},
 		},
@@ -216,10 +217,17 @@ func TestShouldRateLimit(t *testing.T) {
 			steps: []step{
 				{req: req("test", desc("backend", "api")), overall: codeOver, reason: ReasonCircuitOpen,
 					statuses: []*dstatus{{Code: codeOver, DurationUntilReset: durationpb.New(5 * time.Second)}}},
-				// Rate limit and breaker on one descriptor: the breaker refuses, the limit is only checked.
+				// Rate limit and breaker on one descriptor: the breaker refuses
+				// and the hits the rate limits recorded are taken back.
 				{req: req("test", desc("backend", "limited"), desc("k", "exact")), overall: codeOver, reason: ReasonCircuitOpen,
 					statuses: []*dstatus{wantOver(lim(1, second, ""), 1, 2*time.Second), wantOK(exact3, 3, 0)}},
 				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+				{req: req("test", desc("backend", "limited")), overall: codeOver, reason: ReasonCircuitOpen,
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 1, 2*time.Second)}},
+				// A request the rate limits refuse does not reach the breakers
+				// (no half-open probe is spent on it): the reason is the rate limit.
+				{req: req("test", desc("backend", "api"), desc("ban", "b")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantPlain(), wantOver(lim(0, second, ""), 0, time.Second)}},
 				// A shadow-mode rule's breaker does not refuse.
 				{req: req("test", desc("backend", "shadowed")), overall: codeOK, statuses: []*dstatus{wantPlain()}},
 			},
@@ -508,6 +516,26 @@ func TestBreakersSeeMatchedRuleAndEntries(t *testing.T) {
 	}
 	if e := brk.entries[0]; len(e) != 1 || e[0].Key != "backend" || e[0].Value != "api" {
 		t.Fatalf("breaker got entries %v", e)
+	}
+
+	// A request refused by a rate limit never reaches the breakers.
+	if _, err := h.call(req("test", desc("backend", "api"), desc("ban", "x"))); err != nil {
+		t.Fatal(err)
+	}
+	if len(brk.asked) != 1 {
+		t.Fatalf("breakers asked %v for a rate-limited request", brk.asked[1:])
+	}
+
+	// Under global shadow mode the request passes whatever the limits say,
+	// so its breakers are asked; an open one is reported but not enforced.
+	brk = &fakeBreakers{refuse: map[string]time.Duration{"test.backend_api": time.Second}}
+	h = newHarness(t, mustParse(t, testRules), func(o *Options) { o.Breakers = brk; o.ShadowMode = true })
+	resp, err := h.call(req("test", desc("backend", "api"), desc("ban", "x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(brk.asked) != 1 || resp.OverallCode != codeOK || resp.Statuses[0].Code != codeOver {
+		t.Fatalf("global shadow: asked %v, response %v", brk.asked, resp)
 	}
 }
 
