@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // fakeClock is a Clock the test moves by hand.
@@ -183,5 +184,25 @@ func TestStoreAtomicAdmission(t *testing.T) {
 		if got := admitted[k].Load(); got != limit {
 			t.Fatalf("key %d admitted %d, want exactly %d", k, got, limit)
 		}
+	}
+}
+
+// The Store copies keys: a Key aliasing a buffer the caller reuses
+// (unsafe.String) is safe, on creation and on replacement.
+func TestStoreDoesNotRetainKeys(t *testing.T) {
+	sec := mustSpec(t, time.Second, 10)
+	minute := mustSpec(t, time.Minute, 10)
+	s := NewStore(&fakeClock{})
+	buf := []byte("key-a")
+	alias := unsafe.String(&buf[0], len(buf))
+	for _, spec := range []Spec{sec, minute} { // create, then replace
+		if _, err := s.Do(context.Background(), []Request{{Key: alias, Spec: spec, Limit: 5, Hits: 2}}); err != nil {
+			t.Fatal(err)
+		}
+		copy(buf, "key-b")
+		if got := s.CountAt("key-a", 0); got != 2 {
+			t.Fatalf("count of key-a = %d after its buffer was reused, want 2", got)
+		}
+		copy(buf, "key-a")
 	}
 }
