@@ -213,7 +213,7 @@ func NewFixedCounter(spec Spec) *FixedCounter {
 // Result.Bucket is the window number, for undo.
 func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
-	if now > time.Duration(f.seen.Load()) {
+	if now > 0 && now > time.Duration(f.seen.Load()) {
 		f.seen.Store(int64(now)) // racy max, fine for LRU
 	}
 	for {

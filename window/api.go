@@ -34,7 +34,8 @@
 //
 // DefaultBuckets is 20: about 2 % false rejects at 1.5x overload for about
 // 300 bytes per active key (map entry and a 24-byte key included); each
-// further bucket costs 8 bytes per key.
+// further bucket costs 8 bytes per key. 20 also divides every whole-second
+// window (60 does not divide one second).
 //
 // # Counting without locks
 //
@@ -54,6 +55,19 @@
 // the exact time at which enough buckets will have left the window for the
 // same request to pass (an honest Retry-After), or the full window length
 // when no window can ever take it (hits greater than the limit, limit 0).
+//
+// # Other algorithms
+//
+// A Request may choose TokenBucket (GCRA, one timestamp per key: bursts of
+// up to the limit, exact retry times) or FixedWindow (envoyproxy/ratelimit's
+// epoch-aligned windows, without counting refused hits) instead of the
+// default SlidingWindow; see Algorithm.
+//
+// # Store
+//
+// Store is the in-memory Limiter: a sharded map from key to counter, with
+// Sweep/Run reclaiming idle counters and WithMaxKeys bounding the number of
+// keys by approximate-LRU eviction; Stats reports evictions and reclaims.
 package window
 
 import (

@@ -70,7 +70,7 @@ func (c *Counter) Spec() Spec { return c.spec }
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
 	e := c.advance(now)
-	if used := c.lastUse(); uint64(now) > used.Load() {
+	if used := c.lastUse(); now > 0 && uint64(now) > used.Load() {
 		used.Store(uint64(now)) // racy max, fine for LRU
 	}
 	if hits == 0 {

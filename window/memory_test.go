@@ -185,3 +185,9 @@ func TestStoreBoundedMemory(t *testing.T) {
 		t.Fatalf("hot key admitted only %d over %d windows", len(hotAdmitted), windows)
 	}
 }
+
+func TestStoreRunBadInterval(t *testing.T) {
+	if err := NewStore(&fakeClock{}).Run(context.Background(), 0); err == nil {
+		t.Fatal("Run with interval 0 returned nil")
+	}
+}

@@ -227,8 +227,11 @@ func (s *Store) Sweep(now time.Duration) int {
 }
 
 // Run sweeps the Store every interval until ctx is done, then returns
-// ctx's error.
+// ctx's error. A window length is a sensible interval.
 func (s *Store) Run(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return fmt.Errorf("window: sweep interval %v must be positive", interval)
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
