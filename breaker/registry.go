@@ -223,7 +223,7 @@ func (rb *ruleBreakers) lookup(values []descriptors.Entry) *Breaker {
 		return rb.single
 	}
 	var buf [256]byte
-	k := rb.rule.AppendKey(buf[:0], values)
+	k := rb.rule.AppendKey(buf[:0], values)[len(rb.rule.ID):] // the ID is the same for the whole map
 	return (*rb.byKey.Load())[string(k)]
 }
 
@@ -234,7 +234,7 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 		return b
 	}
 	var buf [256]byte
-	k := rb.rule.AppendKey(buf[:0], values)
+	k := rb.rule.AppendKey(buf[:0], values)[len(rb.rule.ID):] // the ID is the same for the whole map
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
 	old := *rb.byKey.Load()
