@@ -344,10 +344,40 @@ func TestExtProcBlockingMode(t *testing.T) {
 		got["retry-after"] != "5" || got[ReasonHeader] != ReasonCircuitOpen {
 		t.Errorf("immediate response %v (headers %v); want 503, retry-after 5 (4.2s rounded up), %s", ir, got, ReasonCircuitOpen)
 	}
-	// Half-open after open_duration: the probe is let through.
+	// Half-open after open_duration: the probe is let through on its own
+	// stream, whose response (200) then closes the breaker.
 	e.clock.Advance(4200 * time.Millisecond)
+	probe, err := e.extProc().Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := probe.Send(requestHeaders("", "orders", false)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := probe.Recv(); err != nil || resp.GetRequestHeaders() == nil {
+		t.Fatalf("half-open: reply %v, %v; want CONTINUE", resp, err)
+	}
+	// A second request finds the only probe slot taken.
+	if resp := blockingRequest(t, e, "orders"); resp.GetImmediateResponse() == nil {
+		t.Fatalf("second request while half-open: %v, want a 503", resp)
+	}
+	if err := probe.Send(responseHeaders("200", false)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := probe.Recv(); err != nil || resp.GetResponseHeaders() == nil {
+		t.Fatalf("response headers: reply %v, %v", resp, err)
+	}
+	if err := probe.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("end of probe stream: %v", err)
+	}
+	if st := e.stats(ordersRule); st.State != breaker.Closed {
+		t.Fatalf("after the probe succeeded: %+v", st.Stats)
+	}
 	if resp := blockingRequest(t, e, "orders"); resp.GetRequestHeaders() == nil {
-		t.Errorf("half-open: reply %v, want CONTINUE", resp)
+		t.Errorf("closed: reply %v, want CONTINUE", resp)
 	}
 }
 
