@@ -250,6 +250,9 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan, statuses []*rlsv
 		if h := d.GetHitsAddend(); h != nil {
 			fields[metaHitsAddend] = structpb.NewNumberValue(float64(h.GetValue()))
 		}
+		if d.GetIsNegativeHits() {
+			fields["isNegativeHits"] = structpb.NewBoolValue(true)
+		}
 		descs[i] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
 	}
 	hits := req.GetHitsAddend()

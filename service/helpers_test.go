@@ -86,6 +86,10 @@ descriptors:
   - key: meta
     metadata: {tier: gold, route: primary}
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket}
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: fixed_window}
 `
 
 const otherRules = `
@@ -189,6 +193,10 @@ func with(d *rlcommonv3.RateLimitDescriptor, opts ...descOpt) *rlcommonv3.RateLi
 		o(d)
 	}
 	return d
+}
+
+func refund() descOpt {
+	return func(d *rlcommonv3.RateLimitDescriptor) { d.IsNegativeHits = true }
 }
 
 func hits(n uint64) descOpt {

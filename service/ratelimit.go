@@ -74,6 +74,7 @@ type plan struct {
 	info    *ruleInfo // matched rule (nil when none)
 	entries []descriptors.Entry
 	hits    uint64
+	refund  bool // is_negative_hits: hits are taken back, never refused
 	first   int // index of its first window.Request
 	n       int // number of window.Requests
 	veto    bool
@@ -217,9 +218,6 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d, entry %d: key must not be empty", i, j)
 			}
 		}
-		if d.GetIsNegativeHits() {
-			return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: is_negative_hits not supported", i)
-		}
 		if l := d.GetLimit(); l != nil {
 			if l.GetUnit() == typev3.RateLimitUnit_UNKNOWN || descriptors.Unit(l.GetUnit()).Duration() == 0 {
 				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override has unknown unit %v", i, l.GetUnit())
@@ -276,6 +274,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 		if h := d.GetHitsAddend(); h != nil {
 			p.hits = h.GetValue()
 		}
+		p.refund = d.GetIsNegativeHits()
 		if r := st.set.Match(domain, p.entries); r != nil {
 			p.info = st.info(s, r)
 			if p.info.err != nil {
@@ -395,7 +394,7 @@ func (s *Service) consultBreakers(sc *scratch) bool {
 	refused := false
 	for i := range sc.plans {
 		p := &sc.plans[i]
-		if p.info == nil || p.info.rule.Breaker == nil {
+		if p.info == nil || p.info.rule.Breaker == nil || p.refund {
 			continue
 		}
 		ok, retry := s.breakers.Allow(p.info.rule, p.entries)
@@ -420,7 +419,7 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 		hits := p.hits
 		// Global shadow mode lets the request through whatever happens, so
 		// no descriptor vetoes the others' hits.
-		p.veto = !p.shadow && !p.quota && !s.shadow
+		p.veto = !p.shadow && !p.quota && !s.shadow && !p.refund
 		switch p.kind {
 		case kindLimited:
 			for j := range p.info.limits {
@@ -431,12 +430,14 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 					sc.keyBuf = append(sc.keyBuf, li.suffix...)
 					key = string(sc.keyBuf)
 				}
-				sc.reqs = append(sc.reqs, window.Request{Key: key, Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto})
+				sc.reqs = append(sc.reqs, window.Request{
+					Key: key, Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto, Algorithm: li.alg, Negative: p.refund,
+				})
 			}
 		case kindOverride:
 			sc.keyBuf = appendOverrideKey(sc.keyBuf[:0], domain, p.entries, p.override.spec)
 			sc.reqs = append(sc.reqs, window.Request{
-				Key: string(sc.keyBuf), Spec: p.override.spec, Limit: p.override.limit, Hits: hits, Veto: p.veto,
+				Key: string(sc.keyBuf), Spec: p.override.spec, Limit: p.override.limit, Hits: hits, Veto: p.veto, Negative: p.refund,
 			})
 		}
 		p.n = len(sc.reqs) - p.first
@@ -487,7 +488,7 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 		p := &sc.plans[i]
 		for j := p.first; j < p.first+p.n; j++ {
 			r := &results[j]
-			if !r.Allowed {
+			if !r.Allowed && !p.refund {
 				p.over = true
 			}
 			if p.best < 0 || moreConstraining(r, &results[p.best]) {
@@ -582,8 +583,8 @@ func (s *Service) count(sc *scratch, st *ruleState, domain string, results []win
 			}
 		}
 		p.counters = c
-		if c == nil {
-			continue
+		if c == nil || p.refund {
+			continue // refunds are not hits
 		}
 		hits := float64(p.hits)
 		c.total.Add(hits)

@@ -56,6 +56,40 @@ func TestShouldRateLimit(t *testing.T) {
 			},
 		},
 		{
+			name: "token bucket: bursts of the limit, then the refill rate, exact retry time",
+			steps: []step{
+				{req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 500*ms)}},
+				{req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
+				{req: req("test", desc("bucket", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 500*ms)}},
+				{at: 500 * ms, req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
+				{at: 600 * ms, req: req("test", desc("bucket", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 400*ms)}},
+			},
+		},
+		{
+			name: "fixed window: resets at the window edge (envoyproxy/ratelimit's behaviour)",
+			steps: []step{
+				{at: 900 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 100*ms)}},
+				{at: 900 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, 100*ms)}},
+				{at: 950 * ms, req: req("test", desc("fixed", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 50*ms)}},
+				{at: 1000 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
+			},
+		},
+		{
+			name: "is_negative_hits refunds, is never refused, and is not applied to a refused request",
+			steps: []step{
+				{req: reqHits("test", 3, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
+				{req: req("test", with(desc("k", "exact"), hits(2), refund())), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, anyReset)}},
+				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
+				// Refused by another descriptor: the refund is only a check; a
+				// full counter does not make the refund itself OVER_LIMIT.
+				{req: req("test", desc("ban", "x"), with(desc("k", "exact"), hits(3), refund())), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 0, anyReset)}},
+				{req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
+				// More than was counted: floored at zero.
+				{req: req("test", with(desc("k", "exact"), hits(100), refund())), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 3, anyReset)}},
+			},
+		},
+		{
 			name: "value-less key counts each value separately",
 			steps: []step{
 				{req: req("test", desc("user", "a")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 1, 66*time.Second)}},
@@ -281,8 +315,6 @@ func checkReason(t testing.TB, resp *rlsv3.RateLimitResponse, want string) {
 }
 
 func TestShouldRateLimitErrors(t *testing.T) {
-	negative := desc("k", "exact")
-	negative.IsNegativeHits = true
 	tests := []struct {
 		name    string
 		req     *rlsv3.RateLimitRequest
@@ -298,7 +330,6 @@ func TestShouldRateLimitErrors(t *testing.T) {
 		{name: "nil entry", req: req("test", &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{nil}}),
 			code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 0: key must not be empty"},
 		{name: "empty key", req: req("test", desc("k", "exact", "", "v")), code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 1: key must not be empty"},
-		{name: "negative hits", req: req("test", negative), code: codes.InvalidArgument, msg: "is_negative_hits not supported"},
 		{name: "override with unknown unit", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_UNKNOWN, 0))),
 			code: codes.InvalidArgument, msg: "limit override has unknown unit"},
 		{name: "override with multiplier 0", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0),
@@ -379,17 +410,17 @@ descriptors:
 	if grpcstatus.Code(err) != codes.Internal {
 		t.Fatalf("request on an unservable rule: %v, want Internal", err)
 	}
+	// Token bucket and fixed window have no buckets: any window length fits.
 	algo := mustParse(t, `
 domain: d
 descriptors:
   - key: tb
-    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}
-  - key: sw
-    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_window}
+    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: token_bucket}
+  - key: fw
+    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: fixed_window}
 `)
-	err = newHarness(t, nil, nil).svc.CheckRules(algo)
-	if err == nil || !strings.Contains(err.Error(), "token_bucket") || strings.Contains(err.Error(), "sliding_window") {
-		t.Fatalf("CheckRules(algorithms) = %v, want only token_bucket rejected", err)
+	if err := h.svc.CheckRules(algo); err != nil {
+		t.Fatalf("CheckRules(token bucket, fixed window) = %v", err)
 	}
 	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
 		t.Fatalf("CheckRules(testRules) = %v", err)
@@ -454,12 +485,13 @@ func (r *recordingLimiter) Undo(ctx context.Context, reqs []window.Request, res 
 
 func TestOneLimiterCallPerRequest(t *testing.T) {
 	tests := []struct {
-		name   string
-		shadow bool
-		req    *rlsv3.RateLimitRequest
-		veto   []bool
-		hits   []uint64
-		undos  int
+		name     string
+		shadow   bool
+		req      *rlsv3.RateLimitRequest
+		veto     []bool
+		hits     []uint64
+		negative []bool
+		undos    int
 	}{
 		{name: "enforcing, shadow and quota rules, several limits",
 			req:  reqHits("test", 2, desc("k", "exact"), desc("shadow", "s"), with(desc("quota", "b"), hits(1)), with(desc("multi", "m"), hits(0)), desc("free", "x"), desc("x", "y")),
@@ -467,6 +499,9 @@ func TestOneLimiterCallPerRequest(t *testing.T) {
 		{name: "global shadow mode vetoes nothing", shadow: true,
 			req:  req("test", desc("k", "exact"), desc("user", "u")),
 			veto: []bool{false, false}, hits: []uint64{1, 1}},
+		{name: "refunds never veto and carry Negative",
+			req:  req("test", with(desc("k", "exact"), refund()), desc("user", "u")),
+			veto: []bool{false, true}, hits: []uint64{1, 1}, negative: []bool{true, false}},
 		{name: "all quota descriptors over: one Undo", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
 			veto: []bool{true, false}, hits: []uint64{1, 2}, undos: 1},
 	}
@@ -490,6 +525,9 @@ func TestOneLimiterCallPerRequest(t *testing.T) {
 			}
 			keys := map[string]bool{}
 			for i, r := range reqs {
+				if want := i < len(tt.negative) && tt.negative[i]; r.Negative != want {
+					t.Errorf("request %d: Negative %v, want %v", i, r.Negative, want)
+				}
 				if r.Veto != tt.veto[i] || r.Hits != tt.hits[i] {
 					t.Errorf("request %d: veto %v hits %d, want veto %v hits %d", i, r.Veto, r.Hits, tt.veto[i], tt.hits[i])
 				}

@@ -200,9 +200,9 @@ func (s *Service) Rules() *descriptors.Set {
 
 // CheckRules reports every rule of set that this service cannot serve as
 // written, as errors.Join of *descriptors.Error; nil when the whole set can
-// be served: a window length its bucket count does not divide, an algorithm
-// the limiter does not implement, or (with DynamicMetadata) metadata that
-// has no protobuf Struct form.
+// be served: a sliding window its bucket count does not divide, an unknown
+// algorithm, or (with DynamicMetadata) metadata that has no protobuf Struct
+// form.
 func (s *Service) CheckRules(set *descriptors.Set) error {
 	if set == nil {
 		return nil
@@ -276,6 +276,7 @@ type limitInfo struct {
 	name   string
 	unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	mult   uint32 // unit multiplier reported in current_limit (0 or 1: not reported)
+	alg    window.Algorithm
 }
 
 func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
@@ -301,14 +302,17 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 		base = r.AppendKey(nil, r.Path)
 	}
 	for i, l := range r.Limits {
-		if l.Algorithm != "" && l.Algorithm != descriptors.SlidingWindow {
-			// Never serve another algorithm silently as a sliding window.
-			info.err = fmt.Errorf("rule %s, limit %d: algorithm %s is not supported by the limiter yet", r.ID, i+1, l.Algorithm)
+		alg, ok := windowAlgorithm(l.Algorithm)
+		if !ok {
+			info.err = fmt.Errorf("rule %s, limit %d: unknown algorithm %q", r.ID, i+1, l.Algorithm)
 			info.limits = nil
 			return info
 		}
 		buckets := l.Buckets
-		if buckets == 0 {
+		switch {
+		case alg != window.SlidingWindow:
+			buckets = 1 // token bucket and fixed window have no buckets
+		case buckets == 0:
 			buckets = s.buckets
 		}
 		spec, err := window.NewSpec(l.Window(), buckets)
@@ -323,12 +327,13 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			name:  l.Name,
 			unit:  rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
 			mult:  reportedMultiplier(l),
+			alg:   alg,
 		}
-		li.suffix = specSuffix(spec, "")
+		li.suffix = specSuffix(spec, alg, "")
 		for _, prev := range info.limits {
-			if prev.spec == spec {
+			if prev.spec == spec && prev.alg == alg {
 				// Two limits with the same window need distinct counters.
-				li.suffix = specSuffix(spec, "#"+strconv.Itoa(i))
+				li.suffix = specSuffix(spec, alg, "#"+strconv.Itoa(i))
 				break
 			}
 		}
@@ -340,11 +345,28 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 	return info
 }
 
-// specSuffix makes counter keys of different window layouts differ, as
-// window.Request requires, while the same layout keeps its counter across
-// reloads.
-func specSuffix(spec window.Spec, extra string) string {
-	return "\x00w" + strconv.FormatInt(int64(spec.Length()), 10) + "/" + strconv.Itoa(spec.Buckets()) + extra
+// specSuffix makes counter keys of different window layouts and algorithms
+// differ, as window.Request requires, while the same layout keeps its
+// counter across reloads.
+func specSuffix(spec window.Spec, alg window.Algorithm, extra string) string {
+	s := "\x00w" + strconv.FormatInt(int64(spec.Length()), 10) + "/" + strconv.Itoa(spec.Buckets())
+	if alg != window.SlidingWindow {
+		s += "/" + alg.String()
+	}
+	return s + extra
+}
+
+// windowAlgorithm maps a rule's algorithm to the limiter's.
+func windowAlgorithm(a descriptors.Algorithm) (window.Algorithm, bool) {
+	switch a {
+	case "", descriptors.SlidingWindow:
+		return window.SlidingWindow, true
+	case descriptors.TokenBucket:
+		return window.TokenBucket, true
+	case descriptors.FixedWindow:
+		return window.FixedWindow, true
+	}
+	return 0, false
 }
 
 // reportedMultiplier is the unit_multiplier to report for a limit.
