@@ -75,8 +75,8 @@ type plan struct {
 	entries []descriptors.Entry
 	hits    uint64
 	refund  bool // is_negative_hits: hits are taken back, never refused
-	first   int // index of its first window.Request
-	n       int // number of window.Requests
+	first   int  // index of its first window.Request
+	n       int  // number of window.Requests
 	veto    bool
 
 	shadow bool // the rule's shadow_mode applies
