@@ -25,7 +25,22 @@ func (m *metrics) observed(source string) {
 	m.observations.WithLabelValues(source).Inc()
 }
 
-func newMetrics(reg *prometheus.Registry) (*metrics, error) {
+// freshGauge is the state gauge, brought up to date (open breakers past
+// their open_duration half-open, timed-out probes reopen) before every
+// collection, so a scrape never shows a state that is already over.
+type freshGauge struct {
+	*prometheus.GaugeVec
+	advance func()
+}
+
+func (g freshGauge) Collect(ch chan<- prometheus.Metric) {
+	g.advance()
+	g.GaugeVec.Collect(ch)
+}
+
+// newMetrics creates the collectors and registers them on reg, if not nil;
+// advance is called before each collection of the state gauge.
+func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leapgate_breaker_state",
@@ -54,7 +69,7 @@ func newMetrics(reg *prometheus.Registry) (*metrics, error) {
 		m.bySource[src] = m.observations.WithLabelValues(src)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.state, m.transitions, m.responseTime, m.observations, m.dropped} {
+		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering breaker metrics: %w", err)
 			}

@@ -102,11 +102,25 @@ func NewRegistry(opts Options) (*Registry, error) {
 		r.maxGauge = 100
 	}
 	var err error
-	if r.metrics, err = newMetrics(opts.Metrics); err != nil {
+	if r.metrics, err = newMetrics(opts.Metrics, func() { r.AdvanceAt(r.clock.Now()) }); err != nil {
 		return nil, err
 	}
 	r.table.Store(&table{})
 	return r, nil
+}
+
+// AdvanceAt applies to every breaker the transitions due by now (see
+// Breaker.AdvanceAt).
+func (r *Registry) AdvanceAt(now time.Duration) {
+	for _, rb := range r.table.Load().list {
+		if rb.single != nil {
+			rb.single.AdvanceAt(now)
+			continue
+		}
+		for _, b := range *rb.byKey.Load() {
+			b.AdvanceAt(now)
+		}
+	}
 }
 
 // Clock returns the registry's time source.

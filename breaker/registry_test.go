@@ -342,6 +342,15 @@ func TestMetricsAndLog(t *testing.T) {
 		t.Errorf("state gauge = %v, want 1 (open)", got)
 	}
 	clock.Advance(5 * s)
+	// No request since: a scrape still shows the breaker half-open.
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP leapgate_breaker_state State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: the distinct values of a value-less or wildcard rule, capped per rule).
+# TYPE leapgate_breaker_state gauge
+leapgate_breaker_state{resource="",rule="breaker.destination_cluster_orders"} 2
+leapgate_breaker_state{resource="",rule="breaker.route_checkout.destination_cluster_backend"} 0
+`), "leapgate_breaker_state"); err != nil {
+		t.Error(err)
+	}
 	allow(t, r, set, "destination_cluster", "orders")
 	if got := testutil.ToFloat64(r.metrics.state.WithLabelValues("breaker.destination_cluster_orders", "")); got != 2 {
 		t.Errorf("state gauge = %v, want 2 (half-open)", got)
