@@ -87,10 +87,13 @@ type plan struct {
 	retryAfter time.Duration
 
 	// Outcome.
-	best     int  // index of the reported window.Result, -1 if none
-	over     bool // some limit refused
-	counters *ruleCounters
+	best int  // index of the reported window.Result, -1 if none
+	over bool // some limit refused
 }
+
+// maxPooledDescriptors bounds the buffers kept for reuse: those of a larger
+// request are left to the garbage collector.
+const maxPooledDescriptors = 256
 
 // scratch holds per-request buffers, pooled to avoid per-request allocation.
 type scratch struct {
@@ -147,8 +150,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 	sc := s.scratch.Get().(*scratch)
 	defer func() {
-		sc.reset()
-		s.scratch.Put(sc)
+		if cap(sc.plans) <= maxPooledDescriptors {
+			sc.reset()
+			s.scratch.Put(sc)
+		}
 	}()
 
 	if err := s.plan(sc, st, req); err != nil {
@@ -582,7 +587,6 @@ func (s *Service) count(sc *scratch, st *ruleState, domain string, results []win
 				c = s.metrics.overrideCounters(domain)
 			}
 		}
-		p.counters = c
 		if c == nil || p.refund {
 			continue // refunds are not hits
 		}
