@@ -64,6 +64,9 @@ const (
 	userRule   = "breaker.user"
 )
 
+// The breaker registry is the service's Breakers.
+var _ Breakers = (*breaker.Registry)(nil)
+
 // stepClock is a window.Clock moved by hand.
 type stepClock struct{ now atomic.Int64 }
 
