@@ -33,7 +33,8 @@ descriptors:
 //   - one-descriptor: one exact rule, one hot key (the common case);
 //   - three-descriptors: an exact rule, a value-less rule and a nested
 //     value-less rule in one request;
-//   - 100k-keys: a value-less rule over 100,000 distinct values, cycled.
+//   - 100k-keys: a value-less rule over 100,000 distinct values, cycled;
+//   - one-descriptor-parallel: the hot key from GOMAXPROCS goroutines.
 func BenchmarkShouldRateLimit(b *testing.B) {
 	const nKeys = 100_000
 	keyReqs := make([]*rlsv3.RateLimitRequest, nKeys)
@@ -49,6 +50,23 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			desc("k", "hot"), desc("user", "alice"), desc("path", "/api", "method", "GET"))}},
 		{"100k-keys", keyReqs},
 	}
+	b.Run("one-descriptor-parallel", func(b *testing.B) {
+		svc, err := New(Options{Limiter: window.NewStore(window.NewMonotonicClock()), Registry: prometheus.NewRegistry()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		svc.SetRules(mustParse(b, benchRules))
+		r := req("bench", desc("k", "hot"))
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if resp, err := svc.ShouldRateLimit(context.Background(), r); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					b.Errorf("%v %v", resp, err)
+					return
+				}
+			}
+		})
+	})
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			svc, err := New(Options{
