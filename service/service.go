@@ -17,8 +17,19 @@
 //     aged out, i.e. until the full quota is available again (0 when nothing
 //     is counted).
 //
-// An OVER_LIMIT answer consumes no quota: refused hits are not recorded, so
-// clients hammering a limit do not extend their own block.
+// For token_bucket limits the remaining quota is the tokens left and the
+// reset is the exact refill time; for fixed_window limits the reset is the
+// end of the current window.
+//
+// # One batch per request
+//
+// All limits of all descriptors of a request go to the limiter in one
+// Limiter.Do call, all-or-nothing: when an enforcing descriptor is over its
+// limit no hit of the request is recorded. An OVER_LIMIT answer therefore
+// consumes no quota: clients hammering a limit do not extend their own block
+// and do not drain the other limits of their requests. Circuit breakers are
+// asked only for requests the rate limits admit, and a breaker's refusal
+// takes the recorded hits back.
 package service
 
 import (
