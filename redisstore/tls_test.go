@@ -1,0 +1,166 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// testCA issues certificates for the TLS test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// issue writes a certificate for dnsName (server and client use) and its
+// key to dir, returning the two paths.
+func (ca *testCA) issue(t *testing.T, dir, name, dnsName string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: dnsName},
+		DNSNames:     []string{dnsName},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	write := func(path string, b []byte) {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	write(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
+	return certFile, keyFile
+}
+
+// TestTLS: REDIS_TLS with a CA, a client certificate (Redis requires one by
+// default) and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, against a redis-server
+// on a TLS-only port whose certificate names another host.
+func TestTLS(t *testing.T) {
+	needRedis(t)
+	dir := t.TempDir()
+	ca := newTestCA(t, "leapgate test CA")
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	otherCAFile := filepath.Join(dir, "other-ca.pem")
+	if err := os.WriteFile(otherCAFile, newTestCA(t, "another CA").pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serverCert, serverKey := ca.issue(t, dir, "server", "redis.invalid")
+	clientCert, clientKey := ca.issue(t, dir, "client", "leapgate")
+
+	port := freePort(t)
+	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--tls-cert-file", serverCert, "--tls-key-file", serverKey, "--tls-ca-cert-file", caFile,
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server with TLS did not start: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	sp := mustSpec(t, time.Second, 10)
+	for _, tc := range []struct {
+		name       string
+		ca         string
+		clientCert bool
+		skipHost   bool
+		ok         bool
+		why        string // in the error
+	}{
+		{"verified chain, host name skipped", caFile, true, true, true, ""},
+		{"host name checked: the certificate names redis.invalid", caFile, true, false, false, "redis.invalid"},
+		{"no client certificate", caFile, false, true, false, ""},
+		{"unknown CA, even with the host name skipped", otherCAFile, true, true, false, "unknown authority"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := settingsFor(addr)
+			st.TLS, st.TLSCACert, st.TLSSkipHostnameVerification = true, tc.ca, tc.skipHost
+			if tc.clientCert {
+				st.TLSClientCert, st.TLSClientKey = clientCert, clientKey
+			}
+			s := newTestStore(t, st, Options{})
+			res, err := s.Do(context.Background(), []window.Request{{Key: "tls", Spec: sp, Limit: 100, Hits: 1}})
+			if tc.ok && (err != nil || !res[0].Recorded) {
+				t.Fatalf("want success: %+v %v", res, err)
+			}
+			if !tc.ok && (err == nil || !strings.Contains(err.Error(), tc.why)) {
+				t.Fatalf("error %v, want one saying %q", err, tc.why)
+			}
+		})
+	}
+
+	// Missing files are construction errors naming the variable.
+	st := settingsFor(addr)
+	st.TLS, st.TLSCACert = true, filepath.Join(dir, "missing.pem")
+	if _, err := New(context.Background(), st, Options{}); err == nil {
+		t.Fatal("missing CA file: no error")
+	}
+}
