@@ -95,7 +95,11 @@ func algorithms(cfg config, warn io.Writer) []algorithm {
 		}
 		algs = append(algs, a)
 	}
-	return algs
+	more, err := otherWindowAlgorithms(cfg.params)
+	if err != nil {
+		fmt.Fprintf(warn, "accuracy: skipping window's token bucket and fixed window: %v\n", err)
+	}
+	return append(algs, more...)
 }
 
 // run simulates every trace through every algorithm and writes the report.
@@ -131,7 +135,7 @@ func checkGuarantees(p params, rows []row) error {
 	for _, r := range rows {
 		for _, res := range r.results {
 			switch {
-			case r.alg.ours && res.overshoot(p.limit) > 0:
+			case r.alg.noBurst && res.overshoot(p.limit) > 0:
 				errs = append(errs, fmt.Errorf("%s admitted %d hits in one window on %q (limit %d)",
 					r.alg.name, res.maxInWindow, res.trace.name, p.limit))
 			case r.alg.exact && (res.overshoot(p.limit) > 0 || res.falseRejects > 0 || res.refusedIdealAdmits > 0):

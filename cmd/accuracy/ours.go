@@ -32,10 +32,50 @@ func slidingWindowAlgorithm(p params, buckets int) (algorithm, error) {
 	return algorithm{
 		name:        name,
 		ours:        true,
+		noBurst:     true,
 		buckets:     buckets,
 		granularity: spec.BucketLength(),
 		newDecider: func() decider {
 			return (*slidingWindow)(window.NewCounter(spec))
+		},
+	}, nil
+}
+
+// tokenBucket adapts window.GCRA (Leapgate's token bucket) to a decider.
+type tokenBucket window.GCRA
+
+func (t *tokenBucket) allow(now time.Duration, hits, limit uint64) bool {
+	return (*window.GCRA)(t).AllowAt(now, hits, limit).Allowed
+}
+
+// fixedWindow adapts window.FixedCounter (Leapgate's fixed window) to a
+// decider.
+type fixedWindow window.FixedCounter
+
+func (f *fixedWindow) allow(now time.Duration, hits, limit uint64) bool {
+	return (*window.FixedCounter)(f).AllowAt(now, hits, limit).Allowed
+}
+
+// otherWindowAlgorithms returns Leapgate's token bucket and fixed window.
+// Neither promises the no-burst bound; they are measured, not asserted.
+func otherWindowAlgorithms(p params) ([]algorithm, error) {
+	spec, err := window.NewSpec(p.window, 1)
+	if err != nil {
+		return nil, err
+	}
+	return []algorithm{
+		{
+			name:        "Leapgate token bucket (window.GCRA)",
+			ours:        true,
+			granularity: p.window,
+			newDecider:  func() decider { return (*tokenBucket)(window.NewGCRA(spec)) },
+		},
+		{
+			name:        "Leapgate fixed window (window.FixedCounter)",
+			ours:        true,
+			buckets:     1,
+			granularity: p.window,
+			newDecider:  func() decider { return (*fixedWindow)(window.NewFixedCounter(spec)) },
 		},
 	}, nil
 }

@@ -36,6 +36,10 @@ type algorithm struct {
 	// ours marks Leapgate's own window package (as opposed to a model
 	// written in this simulator).
 	ours bool
+	// noBurst marks an algorithm that promises at most limit hits in any
+	// window of length W (Leapgate's sliding window): any overshoot fails
+	// the command and the tests.
+	noBurst bool
 	// exact marks the exact sliding log, which must come out ideal.
 	exact bool
 	// buckets is the bucket count per window (0: not bucketed).

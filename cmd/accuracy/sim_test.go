@@ -253,7 +253,7 @@ func TestSlidingWindowNeverOvershoots(t *testing.T) {
 	cfg := testConfig()
 	var ours []algorithm
 	for _, a := range algorithms(cfg, io.Discard) {
-		if a.ours {
+		if a.noBurst {
 			ours = append(ours, a)
 		}
 	}
@@ -349,9 +349,10 @@ func TestCheckGuarantees(t *testing.T) {
 		o       outcome
 		wantErr bool
 	}{
-		{"ours within limit", algorithm{name: "ours", ours: true}, ok, false},
-		{"ours over", algorithm{name: "ours", ours: true}, over, true},
+		{"sliding window within limit", algorithm{name: "ours", ours: true, noBurst: true}, ok, false},
+		{"sliding window over", algorithm{name: "ours", ours: true, noBurst: true}, over, true},
 		{"model over is reported, not an error", algorithm{name: "model"}, over, false},
+		{"token bucket over is reported, not an error", algorithm{name: "ours", ours: true}, over, false},
 		{"exact log over", algorithm{name: "exact", exact: true}, over, true},
 		{"exact log false reject", algorithm{name: "exact", exact: true}, falseReject, true},
 	}
@@ -391,7 +392,7 @@ func TestIndivisibleBucketsSkipped(t *testing.T) {
 		t.Errorf("warning = %q, want the 3-bucket variant reported", warn.String())
 	}
 	for _, a := range algs {
-		if a.buckets == 3 && a.ours {
+		if a.buckets == 3 && a.noBurst {
 			t.Error("3-bucket variant kept for a 1s window")
 		}
 	}
