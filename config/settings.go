@@ -114,6 +114,33 @@ type Settings struct {
 	// not choose one. It must divide one second (in nanoseconds) exactly, so
 	// that every unit's window splits evenly.
 	WindowBuckets int `envconfig:"WINDOW_BUCKETS" default:"20"`
+	// Answers.
+
+	// LimitResponseHeaders selects the rate-limit headers added to answers:
+	// false (none), true or draft03 (RateLimit-Limit/-Remaining/-Reset),
+	// draft11 (RateLimit-Policy and RateLimit). Retry-After is added to
+	// refusals in either mode.
+	LimitResponseHeaders string `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
+	// LimitLimitHeader, LimitRemainingHeader and LimitResetHeader rename
+	// the draft03 headers.
+	LimitLimitHeader     string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
+	LimitRemainingHeader string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
+	LimitResetHeader     string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
+	// ResponseDynamicMetadata fills each answer's dynamic_metadata with the
+	// domain, descriptors, hits and the matched rules' metadata.
+	ResponseDynamicMetadata bool `envconfig:"RESPONSE_DYNAMIC_METADATA" default:"false"`
+
+	// Circuit breakers: how an observed response (ext_proc, access log,
+	// /report) becomes descriptor entries.
+
+	// BreakerClusterKey and BreakerRouteKey are the entry keys of the
+	// upstream cluster and the route name.
+	BreakerClusterKey string `envconfig:"BREAKER_CLUSTER_KEY" default:"destination_cluster"`
+	BreakerRouteKey   string `envconfig:"BREAKER_ROUTE_KEY" default:"route"`
+	// BreakerHeaders maps request headers to entry keys:
+	// "x-user-id=user,x-tenant" (a bare header keeps its own name).
+	BreakerHeaders string `envconfig:"BREAKER_HEADERS"`
+
 	// MaxKeys bounds the number of counters the in-memory backend holds;
 	// beyond it the least recently used is evicted (counted in
 	// ratelimit_memory_evictions_total). 0 means no bound.
@@ -278,6 +305,22 @@ func (s Settings) Validate() error {
 	}
 	if s.RuntimeRoot == "" {
 		bad("RUNTIME_ROOT", "must not be empty")
+	}
+	switch strings.ToLower(strings.TrimSpace(s.LimitResponseHeaders)) {
+	case "", "false", "true", "draft03", "draft11":
+	default:
+		bad("LIMIT_RESPONSE_HEADERS_ENABLED", "%q is not false, true, draft03 or draft11", s.LimitResponseHeaders)
+	}
+	for _, h := range []struct{ name, value string }{
+		{"LIMIT_LIMIT_HEADER", s.LimitLimitHeader},
+		{"LIMIT_REMAINING_HEADER", s.LimitRemainingHeader},
+		{"LIMIT_RESET_HEADER", s.LimitResetHeader},
+		{"BREAKER_CLUSTER_KEY", s.BreakerClusterKey},
+		{"BREAKER_ROUTE_KEY", s.BreakerRouteKey},
+	} {
+		if strings.TrimSpace(h.value) == "" {
+			bad(h.name, "must not be empty")
+		}
 	}
 	switch strings.ToLower(s.LogFormat) {
 	case "text", "json":

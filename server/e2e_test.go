@@ -73,7 +73,8 @@ func TestHealthAndReflection(t *testing.T) {
 	for _, s := range resp.GetListServicesResponse().GetService() {
 		names = append(names, s.GetName())
 	}
-	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} {
+	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+		"envoy.service.ext_proc.v3.ExternalProcessor", "envoy.service.accesslog.v3.AccessLogService"} {
 		if !strings.Contains(strings.Join(names, " "), want) {
 			t.Errorf("reflection lists %v, missing %s", names, want)
 		}
@@ -219,5 +220,26 @@ func TestDebugEndpoints(t *testing.T) {
 	}
 	if d := config.Defaults(); d.DebugHost != "127.0.0.1" {
 		t.Errorf("debug listener defaults to %s, want loopback", d.DebugHost)
+	}
+}
+
+func TestAnswerSettings(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
+		s.LimitResponseHeaders, s.LimitLimitHeader = "true", "X-Limit"
+		s.ResponseDynamicMetadata = true
+	})
+	resp, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "alice"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		names = append(names, h.GetKey())
+	}
+	if !strings.Contains(strings.Join(names, " "), "X-Limit") {
+		t.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED=true, LIMIT_LIMIT_HEADER=X-Limit: headers %v", names)
+	}
+	if resp.GetDynamicMetadata() == nil {
+		t.Error("RESPONSE_DYNAMIC_METADATA=true: no dynamic metadata")
 	}
 }

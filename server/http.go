@@ -12,13 +12,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/leapgate/leapgate/service"
 )
 
-// httpHandler serves the HTTP listener: /healthcheck, /json and /metrics.
+// httpHandler serves the HTTP listener: /healthcheck, /json, /report
+// (observations for the circuit breakers) and /metrics.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.Handle("/json", s.recoverHTTP("/json", http.HandlerFunc(s.handleJSON)))
+	mux.Handle("/report", s.recoverHTTP("/report", service.NewReport(s.breakers)))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		Registry:          s.registry,
 		ErrorLog:          slogPrinter{s},
@@ -27,15 +31,16 @@ func (s *Server) httpHandler() http.Handler {
 	return mux
 }
 
-// debugHandler serves the debug listener: /rlconfig and pprof, on a private
-// mux (never http.DefaultServeMux).
+// debugHandler serves the debug listener: /rlconfig, /breakers and pprof, on
+// a private mux (never http.DefaultServeMux).
 func (s *Server) debugHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, "/rlconfig       loaded rules\n/debug/pprof/   Go profiles\n")
+		io.WriteString(w, "/rlconfig       loaded rules\n/breakers       circuit breakers (JSON)\n/debug/pprof/   Go profiles\n")
 	})
 	mux.HandleFunc("/rlconfig", s.handleRLConfig)
+	mux.Handle("/breakers", s.breakers.Handler())
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

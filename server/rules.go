@@ -12,7 +12,9 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/service"
 )
 
 // defaultRules is the example rule set served when the rule directory does
@@ -31,6 +33,27 @@ type ruleSink interface {
 	CheckRules(set *descriptors.Set) error
 	// SetRules swaps set in atomically.
 	SetRules(set *descriptors.Set)
+}
+
+// ruleTargets hands each rule set to the rate-limit service and the
+// circuit-breaker registry: both check it before either takes it.
+type ruleTargets struct {
+	service  *service.Service
+	breakers *breaker.Registry
+}
+
+// CheckRules reports what either target could not serve.
+func (t ruleTargets) CheckRules(set *descriptors.Set) error {
+	return errors.Join(t.service.CheckRules(set), t.breakers.CheckRules(set))
+}
+
+// SetRules swaps set in: breakers first, so that the service never
+// consults a breaker rule the registry does not know yet. Rules with
+// unchanged breakers keep their state.
+func (t ruleTargets) SetRules(set *descriptors.Set) {
+	// CheckRules passed, so the registry accepts every breaker.
+	_ = t.breakers.SetRules(set)
+	t.service.SetRules(set)
 }
 
 // ruleLoader loads the rule directory into a ruleSink and keeps it current.

@@ -1,7 +1,8 @@
 // Package server runs Leapgate's listeners around the rate-limit service: the
-// gRPC listener (RateLimitService, grpc.health.v1.Health, reflection), the
-// HTTP listener (/healthcheck, /json, /metrics) and the loopback debug
-// listener (/rlconfig, pprof). It loads the rule directory, reloads it when
+// gRPC listener (RateLimitService, ext_proc and access-log ingestion for the
+// circuit breakers, grpc.health.v1.Health, reflection), the HTTP listener
+// (/healthcheck, /json, /report, /metrics) and the loopback debug listener
+// (/rlconfig, /breakers, pprof). It loads the rule directory, reloads it when
 // it changes, and shuts down gracefully.
 package server
 
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +27,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
@@ -38,6 +42,8 @@ type Server struct {
 	metrics  *serverMetrics
 	health   *healthState
 	service  *service.Service
+	breakers *breaker.Registry
+	clock    window.Clock
 	rls      rlsv3.RateLimitServiceServer // service behind the request limits
 	rules    *ruleLoader
 	backend  backend
@@ -95,24 +101,17 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	if o.wrapLimiter != nil {
 		limiter = o.wrapLimiter(limiter)
 	}
-	s.service, err = service.New(service.Options{
-		Limiter:        limiter,
-		Registry:       s.registry,
-		Logger:         logger,
-		ShadowMode:     settings.ShadowMode,
-		DefaultBuckets: settings.WindowBuckets,
-		NearLimitRatio: settings.NearLimitRatio,
-	})
-	if err != nil {
+	s.clock = window.NewMonotonicClock()
+	if err := s.buildService(settings, limiter); err != nil {
 		b.close()
-		return nil, fmt.Errorf("creating the rate-limit service: %w", err)
+		return nil, err
 	}
 	s.rls = guardedService{limits: newRequestLimits(settings), next: s.service}
 
 	s.rules = &ruleLoader{
 		dir:      settings.ConfigDir(),
 		debounce: settings.ReloadDebounce,
-		sink:     s.service,
+		sink:     ruleTargets{s.service, s.breakers},
 		health:   s.health,
 		metrics:  s.metrics,
 		logger:   logger,
@@ -131,6 +130,46 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		return nil, err
 	}
 	return s, nil
+}
+
+// buildService creates the circuit-breaker registry and the rate-limit
+// service that consults it.
+func (s *Server) buildService(settings config.Settings, limiter window.Limiter) error {
+	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
+	if err != nil {
+		return fmt.Errorf("BREAKER_HEADERS: %w", err)
+	}
+	s.breakers, err = breaker.NewRegistry(breaker.Options{
+		Clock:   s.clock,
+		Logger:  s.logger,
+		Metrics: s.registry,
+		Mapping: breaker.Mapping{ClusterKey: settings.BreakerClusterKey, RouteKey: settings.BreakerRouteKey, Headers: headers},
+	})
+	if err != nil {
+		return fmt.Errorf("creating the circuit-breaker registry: %w", err)
+	}
+	mode, err := service.ParseHeaderMode(settings.LimitResponseHeaders)
+	if err != nil {
+		return fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED: %w", err)
+	}
+	s.service, err = service.New(service.Options{
+		Limiter:         limiter,
+		Breakers:        s.breakers,
+		Registry:        s.registry,
+		Logger:          s.logger,
+		ShadowMode:      settings.ShadowMode,
+		DefaultBuckets:  settings.WindowBuckets,
+		NearLimitRatio:  settings.NearLimitRatio,
+		ResponseHeaders: mode,
+		LimitHeader:     settings.LimitLimitHeader,
+		RemainingHeader: settings.LimitRemainingHeader,
+		ResetHeader:     settings.LimitResetHeader,
+		DynamicMetadata: settings.ResponseDynamicMetadata,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the rate-limit service: %w", err)
+	}
+	return nil
 }
 
 func (s *Server) buildGRPC() error {
@@ -152,6 +191,8 @@ func (s *Server) buildGRPC() error {
 	}
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
+	extprocv3.RegisterExternalProcessorServer(s.grpc, service.NewExtProc(s.breakers, s.clock, s.logger, service.ExtProcOptions{}))
+	accesslogv3.RegisterAccessLogServiceServer(s.grpc, service.NewAccessLog(s.breakers, s.logger))
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)
 	return nil
