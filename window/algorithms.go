@@ -70,7 +70,7 @@ func (c *Counter) refund(now time.Duration, hits, limit uint64) Result {
 	c.RefundAt(now, hits)
 	return c.AllowAt(now, 0, limit)
 }
-func (c *Counter) layout() (Spec, Algorithm) { return c.spec, SlidingWindow }
+func (c *Counter) layout() (Spec, Algorithm) { return c.Spec(), SlidingWindow }
 
 // GCRA is a token bucket kept as one theoretical arrival time (TAT) per
 // key, updated by compare-and-swap (the generic cell rate algorithm). With

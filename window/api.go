@@ -27,10 +27,10 @@
 // sliding log over the same arrivals):
 //
 //	buckets  false rejects  quota used  bytes per key (BenchmarkBytesPerKey)
-//	      1         32.0 %      50.9 %     139
-//	     10          5.0 %      92.3 %     219
-//	     20          2.4 %      96.4 %     299
-//	     60          0.70 %     98.9 %     635
+//	      1         32.0 %      50.9 %     152
+//	     10          5.0 %      92.3 %     232
+//	     20          2.4 %      96.4 %     312
+//	     60          0.70 %     98.9 %     648
 //
 // DefaultBuckets is 20: about 2 % false rejects at 1.5x overload for about
 // 300 bytes per active key (map entry and a 24-byte key included); each

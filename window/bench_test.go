@@ -186,3 +186,25 @@ func BenchmarkAlgorithms(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMapBaseline100k is the floor for BenchmarkStoreDo: a plain
+// map[string]*T lookup of a random one of 100k keys, touching the value.
+// On a small VM both are dominated by cache misses.
+func BenchmarkMapBaseline100k(b *testing.B) {
+	const n = 100_000
+	type val struct{ hits atomic.Uint64 }
+	keys := make([]string, n)
+	m := make(map[string]*val, n)
+	for i := range keys {
+		keys[i] = "domain_key_value_" + strconv.Itoa(i)
+		m[keys[i]] = &val{}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(rand.Uint64(), 1))
+		for pb.Next() {
+			m[keys[rng.IntN(n)]].hits.Add(1)
+		}
+	})
+}

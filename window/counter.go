@@ -29,37 +29,35 @@ const MaxLimit = math.MaxUint32
 // bucket lengths (about 3.4 years with 50 ms buckets) may keep stale counts
 // until the ring comes round. A Store reclaims idle counters long before.
 type Counter struct {
-	spec      Spec
-	bucketLen int64
+	// The fields touched by every call fill one 64-byte cache line; the
+	// ring is a second allocation.
+	bucketLen int64         // ns
+	buckets   int64         // k
 	latest    atomic.Int64  // newest bucket epoch seen
 	total     atomic.Uint64 // sum of all undrained bucket counts (may be transiently high)
-	// slots holds the ring, Buckets()+1 words (epoch tag << 32 | count),
-	// then one word with the time of last use (for LRU eviction), which
-	// fits in the allocation's size-class slack for common bucket counts.
+	used      atomic.Int64  // latest time passed to AllowAt, for LRU eviction
+	// slots is the ring: Buckets()+1 words, epoch tag << 32 | count.
 	slots []atomic.Uint64
 }
 
 // NewCounter returns an empty Counter with the given layout. The Spec must
 // come from NewSpec; NewCounter panics on the zero Spec.
 func NewCounter(spec Spec) *Counter {
-	if spec.buckets < 1 || spec.length <= 0 {
+	if !spec.valid() {
 		panic("window: NewCounter with an invalid Spec (build it with NewSpec)")
 	}
 	return &Counter{
-		spec:      spec,
 		bucketLen: spec.length / spec.buckets,
-		slots:     make([]atomic.Uint64, spec.buckets+2),
+		buckets:   spec.buckets,
+		slots:     make([]atomic.Uint64, spec.buckets+1),
 	}
 }
 
 // ring returns the number of slots of the ring.
-func (c *Counter) ring() int64 { return int64(len(c.slots) - 1) }
-
-// lastUse is the word holding the time of last use.
-func (c *Counter) lastUse() *atomic.Uint64 { return &c.slots[len(c.slots)-1] }
+func (c *Counter) ring() int64 { return int64(len(c.slots)) }
 
 // Spec returns the counter's window layout.
-func (c *Counter) Spec() Spec { return c.spec }
+func (c *Counter) Spec() Spec { return Spec{length: c.bucketLen * c.buckets, buckets: c.buckets} }
 
 // AllowAt atomically checks whether hits more hits fit under limit in the
 // window ending at now and, if they do, records them. Refused hits are not
@@ -70,8 +68,8 @@ func (c *Counter) Spec() Spec { return c.spec }
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
 	e := c.advance(now)
-	if used := c.lastUse(); now > 0 && uint64(now) > used.Load() {
-		used.Store(uint64(now)) // racy max, fine for LRU
+	if now > 0 && int64(now) > c.used.Load() {
+		c.used.Store(int64(now)) // racy max, fine for LRU
 	}
 	if hits == 0 {
 		return c.check(now, e, limit)
@@ -114,7 +112,7 @@ func (c *Counter) CountAt(now time.Duration) uint64 {
 // LastUsed returns the latest time passed to AllowAt (reads such as
 // CountAt do not count as use).
 func (c *Counter) LastUsed() time.Duration {
-	return time.Duration(c.lastUse().Load())
+	return time.Duration(c.used.Load())
 }
 
 // UndoAt takes back hits recorded in bucket (a Result.Bucket of an allowed
@@ -144,7 +142,7 @@ func (c *Counter) UndoAt(bucket int64, hits uint64) {
 // earlier (for example a request that turned out not to count).
 func (c *Counter) RefundAt(now time.Duration, hits uint64) {
 	e := c.advance(now)
-	k := c.spec.buckets
+	k := c.buckets
 	for x := e; x >= e-k && x >= 0 && hits > 0; x-- {
 		slot := &c.slots[x%c.ring()]
 		for {
@@ -203,7 +201,7 @@ func (c *Counter) advance(now time.Duration) int64 {
 // newest epoch moved from prev to next: epochs prev-k .. next-k-1 (at most
 // one ring turn).
 func (c *Counter) drain(prev, next int64) {
-	k := c.spec.buckets
+	k := c.buckets
 	m := c.ring()
 	hi := next - k - 1
 	lo := max(prev-k, hi-m+1, 0)
@@ -225,7 +223,7 @@ func (c *Counter) drain(prev, next int64) {
 
 // record adds hits, already counted in total, to the slot of bucket.
 func (c *Counter) record(bucket int64, hits uint64) {
-	k := c.spec.buckets
+	k := c.buckets
 	if bucket <= c.latest.Load()-k-1 {
 		c.total.Add(^(hits - 1)) // the bucket already left the window
 		return
@@ -254,14 +252,14 @@ func (c *Counter) record(bucket int64, hits uint64) {
 
 // ageOut is the time from now until bucket leaves the window.
 func (c *Counter) ageOut(now time.Duration, bucket int64) time.Duration {
-	return max(0, time.Duration((bucket+c.spec.buckets+1)*c.bucketLen)-now)
+	return max(0, time.Duration((bucket+c.buckets+1)*c.bucketLen)-now)
 }
 
 // newestAgeOut is the time until every hit now counted ages out: the
 // age-out of the newest non-empty bucket, 0 when nothing is counted.
 func (c *Counter) newestAgeOut(now time.Duration, e int64) time.Duration {
 	m := c.ring()
-	for x := e; x >= e-c.spec.buckets && x >= 0; x-- {
+	for x := e; x >= e-c.buckets && x >= 0; x-- {
 		if count(c.slots[x%m].Load()) > 0 {
 			return c.ageOut(now, x)
 		}
@@ -276,11 +274,11 @@ func (c *Counter) newestAgeOut(now time.Duration, e int64) time.Duration {
 // window length: retrying sooner is pointless.
 func (c *Counter) retryAfter(now time.Duration, e int64, s, hits, limit uint64) time.Duration {
 	if hits > limit {
-		return c.spec.Length()
+		return time.Duration(c.bucketLen * c.buckets)
 	}
 	m := c.ring()
 	var freed uint64
-	for x := max(e-c.spec.buckets, 0); x <= e; x++ {
+	for x := max(e-c.buckets, 0); x <= e; x++ {
 		freed += uint64(count(c.slots[x%m].Load()))
 		if freed >= s || s-freed <= limit-hits {
 			return c.ageOut(now, x)
