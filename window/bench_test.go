@@ -77,7 +77,16 @@ func BenchmarkBytesPerKey(b *testing.B) {
 		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
 			var perKey float64
 			for range b.N {
-				perKey = bytesPerKey(b, k, 100_000)
+				perKey = bytesPerKey(b, k, SlidingWindow, 100_000)
+			}
+			b.ReportMetric(perKey, "B/key")
+		})
+	}
+	for _, alg := range []Algorithm{TokenBucket, FixedWindow} {
+		b.Run(alg.String(), func(b *testing.B) {
+			var perKey float64
+			for range b.N {
+				perKey = bytesPerKey(b, 1, alg, 100_000)
 			}
 			b.ReportMetric(perKey, "B/key")
 		})
@@ -85,8 +94,8 @@ func BenchmarkBytesPerKey(b *testing.B) {
 }
 
 // bytesPerKey measures the heap growth per key of a Store holding n keys
-// with k buckets each.
-func bytesPerKey(tb testing.TB, k, n int) float64 {
+// of algorithm alg with k buckets each.
+func bytesPerKey(tb testing.TB, k int, alg Algorithm, n int) float64 {
 	spec := mustSpec(tb, time.Minute, k)
 	keys := make([]string, n)
 	for i := range keys {
@@ -98,7 +107,7 @@ func bytesPerKey(tb testing.TB, k, n int) float64 {
 	s := NewStore(&fakeClock{})
 	res := make([]Result, 1)
 	for _, key := range keys {
-		s.DoAt(context.Background(), 0, []Request{{Key: key, Spec: spec, Limit: 10, Hits: 1}}, res)
+		s.DoAt(context.Background(), 0, []Request{{Key: key, Spec: spec, Limit: 10, Hits: 1, Algorithm: alg}}, res)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
