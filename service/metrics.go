@@ -123,6 +123,13 @@ func (m *metrics) counters(domain, key string) *ruleCounters {
 	}
 }
 
+// deleteSeries removes the series of (domain, key) from every per-rule vector.
+func (m *metrics) deleteSeries(domain, key string) {
+	for _, v := range []*prometheus.CounterVec{m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen} {
+		v.DeleteLabelValues(domain, key)
+	}
+}
+
 // overrideCounters returns the counters of descriptors of domain that carry
 // their own limit and match no rule.
 func (m *metrics) overrideCounters(domain string) *ruleCounters {

@@ -139,6 +139,42 @@ func TestRuleMetrics(t *testing.T) {
 	}
 }
 
+func TestReloadDropsSeriesOfRemovedRules(t *testing.T) {
+	h := newHarness(t, mustParse(t, testRules), nil)
+	series := func() map[string]bool {
+		out := map[string]bool{}
+		mfs, err := h.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "ratelimit_service_rate_limit_total_hits" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "key" {
+						out[l.GetValue()] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	if s := series(); !s["test.k_exact"] || !s["test.user"] {
+		t.Fatalf("series before reload: %v", s)
+	}
+	h.svc.SetRules(mustParse(t, `
+domain: test
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`))
+	if s := series(); s["test.k_exact"] || !s["test.user"] {
+		t.Fatalf("series after a reload without test.k_exact: %v", s)
+	}
+}
+
 func repeat(n int, r *rlsv3.RateLimitRequest) []*rlsv3.RateLimitRequest {
 	out := make([]*rlsv3.RateLimitRequest, n)
 	for i := range out {

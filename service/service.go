@@ -113,6 +113,7 @@ type Service struct {
 	headerNames headerNames
 	metadata    bool
 
+	reload  sync.Mutex // serializes SetRules
 	state   atomic.Pointer[ruleState]
 	scratch sync.Pool // *scratch
 }
@@ -183,6 +184,8 @@ func New(opts Options) (*Service, error) {
 // (see CheckRules) are logged and answer errors; validate with CheckRules
 // first to keep the previous set instead.
 func (s *Service) SetRules(set *descriptors.Set) {
+	s.reload.Lock()
+	defer s.reload.Unlock()
 	if set == nil {
 		s.state.Store(nil)
 		return
@@ -198,7 +201,23 @@ func (s *Service) SetRules(set *descriptors.Set) {
 				"rule", info.rule.ID, "file", info.rule.File, "line", info.rule.Line, "err", info.metadataErr)
 		}
 	}
-	s.state.Store(st)
+	if old := s.state.Swap(st); old != nil {
+		s.dropRemovedSeries(old, st)
+	}
+}
+
+// dropRemovedSeries deletes the metric series of rules that a reload
+// removed, so that the exported series follow the rules in use.
+func (s *Service) dropRemovedSeries(old, cur *ruleState) {
+	kept := make(map[[2]string]bool, len(cur.rules))
+	for r := range cur.rules {
+		kept[[2]string{r.Domain, r.ID}] = true
+	}
+	for r, info := range old.rules {
+		if info.counters != nil && !kept[[2]string{r.Domain, r.ID}] {
+			s.metrics.deleteSeries(r.Domain, r.ID)
+		}
+	}
 }
 
 // Rules returns the rule set in use, nil if none is loaded.
