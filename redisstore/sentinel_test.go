@@ -53,3 +53,73 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("master's view: %+v %v", res, err)
 	}
 }
+
+// TestSentinelFailover: when the master dies, the sentinel promotes the
+// replica and the store follows it without help; counts replicated before
+// the failover still count.
+func TestSentinelFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("failover takes a few seconds")
+	}
+	master := startRedis(t)
+	replica := startRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.port))
+	port := freePort(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+		"sentinel monitor mymaster 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds mymaster 300\n"+
+		"sentinel failover-timeout mymaster 2000\n", port, dir, master.port)
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("redis-server", conf, "--sentinel")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	st := settingsFor(fmt.Sprintf("mymaster,127.0.0.1:%d", port))
+	st.Type = config.RedisSentinel
+	st.Timeout = time.Second
+	s := newTestStore(t, st, Options{})
+	waitHealthy(t, s)
+	sp := mustSpec(t, time.Hour, 60)
+	ctx := context.Background()
+	do := func() ([]window.Result, error) {
+		return s.Do(ctx, []window.Request{{Key: "failover", Spec: sp, Limit: 10, Hits: 1, Veto: true}})
+	}
+	for range 4 {
+		if _, err := do(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Let the replica catch up, then kill the master.
+	direct := newTestStore(t, settingsFor(replica.addr()), Options{})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		res, err := direct.Do(ctx, []window.Request{{Key: "failover", Spec: sp, Limit: 10, Hits: 0}})
+		if err == nil && res[0].Remaining == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica did not catch up: %+v %v", res, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	master.stop()
+
+	var res []window.Result
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if res, err = do(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer after the failover: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !res[0].Recorded || res[0].Remaining != 5 {
+		t.Fatalf("first answer from the promoted replica: %+v, want recorded with 5 remaining", res[0])
+	}
+}
