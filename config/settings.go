@@ -153,6 +153,9 @@ type Settings struct {
 	BackendType string `envconfig:"BACKEND_TYPE" default:"memory"`
 	// Redis configures BACKEND_TYPE=redis (REDIS_* variables, config/redis.go).
 	Redis Redis
+	// XDS chooses the rule source (CONFIG_TYPE) and configures the xDS one
+	// (CONFIG_GRPC_XDS_* variables, config/xds.go).
+	XDS XDS
 }
 
 // Load reads the settings from the environment and validates them.
@@ -338,6 +341,9 @@ func (s Settings) Validate() error {
 	}
 	if s.WindowBuckets < 1 || int64(time.Second)%int64(s.WindowBuckets) != 0 {
 		bad("WINDOW_BUCKETS", "%d does not divide one second into equal buckets", s.WindowBuckets)
+	}
+	if err := s.XDS.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	switch s.BackendType {
 	case BackendMemory:

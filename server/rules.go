@@ -13,6 +13,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/leapgate/leapgate/breaker"
+	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/service"
 )
@@ -65,6 +66,10 @@ type ruleLoader struct {
 	metrics  *serverMetrics
 	logger   *slog.Logger
 
+	// xds, when set, is the rule source instead of dir
+	// (CONFIG_TYPE=GRPC_XDS_SOTW).
+	xds *config.XDS
+
 	// embedded is true when dir did not exist at start-up and the embedded
 	// example rules are serving; nothing is then watched.
 	embedded bool
@@ -77,6 +82,11 @@ type ruleLoader struct {
 // NOT_SERVING (every call answers Unavailable) until a reload succeeds; it
 // is not fatal, so that a fixed ConfigMap heals the pod without a restart.
 func (l *ruleLoader) loadInitial() {
+	if l.xds != nil {
+		l.logger.Info("rules come from xDS; NOT_SERVING until the first valid RateLimitConfig arrives",
+			"server", l.xds.ServerURL, "node_id", l.xds.NodeID)
+		return
+	}
 	if _, err := os.Stat(l.dir); errors.Is(err, fs.ErrNotExist) {
 		set, err := descriptors.LoadFS(defaultRules, defaultRulesDir)
 		if err == nil {
@@ -100,22 +110,42 @@ func (l *ruleLoader) loadInitial() {
 // rules in; otherwise it logs each error and keeps the last good rules.
 func (l *ruleLoader) reload() bool {
 	set, err := descriptors.Load(l.dir)
-	if err == nil {
-		err = l.sink.CheckRules(set)
-	}
 	if err != nil {
-		l.metrics.configError.Inc()
-		msg := "rule set rejected; the last good rules keep serving"
-		if !l.loaded {
-			msg = "rule set rejected; no rules loaded: NOT_SERVING, every call answers Unavailable until the files are fixed"
-		}
-		for _, e := range flatten(err) {
-			l.logger.Error(msg, "rule_dir", l.dir, "error", e.Error())
-		}
+		l.reject(err)
+		return false
+	}
+	return l.offer(set)
+}
+
+// offer puts set into service if the service and the breakers can serve
+// it, and reports whether it did.
+func (l *ruleLoader) offer(set *descriptors.Set) bool {
+	if err := l.sink.CheckRules(set); err != nil {
+		l.reject(err)
 		return false
 	}
 	l.apply(set)
 	return true
+}
+
+// reject logs every error of a rule set that was not put into service.
+func (l *ruleLoader) reject(err error) {
+	l.metrics.configError.Inc()
+	msg := "rule set rejected; the last good rules keep serving"
+	if !l.loaded {
+		msg = "rule set rejected; no rules loaded: NOT_SERVING, every call answers Unavailable until the rules are fixed"
+	}
+	for _, e := range flatten(err) {
+		l.logger.Error(msg, "source", l.source(), "error", e.Error())
+	}
+}
+
+// source names where the rules come from, for logs.
+func (l *ruleLoader) source() string {
+	if l.xds != nil {
+		return "xDS " + l.xds.ServerURL
+	}
+	return l.dir
 }
 
 func (l *ruleLoader) apply(set *descriptors.Set) {
@@ -123,7 +153,7 @@ func (l *ruleLoader) apply(set *descriptors.Set) {
 	l.loaded = true
 	l.metrics.configSuccess.Inc()
 	l.health.set(true)
-	l.logger.Info("rules loaded", "rule_dir", l.dir, "embedded", l.embedded, "rules", len(set.Rules()))
+	l.logger.Info("rules loaded", "source", l.source(), "embedded", l.embedded, "rules", len(set.Rules()))
 }
 
 // flatten unwraps errors.Join trees into their leaves.
@@ -144,6 +174,9 @@ func flatten(err error) []error {
 // of the ..data symlink); events are debounced so that one update makes one
 // reload.
 func (l *ruleLoader) watch(ctx context.Context) error {
+	if l.xds != nil {
+		return l.subscribe(ctx, *l.xds)
+	}
 	if l.embedded {
 		return nil
 	}

@@ -116,6 +116,9 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		metrics:  s.metrics,
 		logger:   logger,
 	}
+	if settings.XDS.ConfigType == config.ConfigXDS {
+		s.rules.xds = &settings.XDS
+	}
 	s.rules.loadInitial()
 
 	if err := s.buildGRPC(); err != nil {
