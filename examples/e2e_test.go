@@ -72,9 +72,10 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startLeapgate builds cmd/ratelimit and runs it with the example rules
-// (RUNTIME_* pointing at examples/envoy/config), in-memory counters.
-func startLeapgate(t *testing.T) *leapgateProcess {
+// startLeapgate builds cmd/ratelimit and runs it with in-memory counters
+// and the rules in root/sub/app (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
+// RUNTIME_APPDIRECTORY).
+func startLeapgate(t *testing.T, root, sub, app string) *leapgateProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ratelimit")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/ratelimit")
@@ -82,7 +83,7 @@ func startLeapgate(t *testing.T) *leapgateProcess {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/ratelimit: %v\n%s", err, out)
 	}
-	root, err := filepath.Abs(".")
+	root, err := filepath.Abs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func startLeapgate(t *testing.T) *leapgateProcess {
 		"HOST=127.0.0.1", "PORT=" + strconv.Itoa(httpPort),
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(grpcPort),
 		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(debugPort),
-		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=envoy", "RUNTIME_APPDIRECTORY=config",
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=" + sub, "RUNTIME_APPDIRECTORY=" + app,
 		"BACKEND_TYPE=memory", "LOG_LEVEL=debug",
 	}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
@@ -442,6 +443,19 @@ func (e *fakeEnvoy) waitFor(ctx context.Context, req downstream, want int, withi
 	}
 }
 
+// failuresToOpen returns after how many failures an error_ratio breaker
+// whose window already holds successes opens: the first failure that
+// brings the window to min_requests with an error ratio of at least
+// threshold.
+func failuresToOpen(b *descriptors.Breaker, successes int) int {
+	for errs := 1; ; errs++ {
+		total := successes + errs
+		if uint64(total) >= b.MinRequests && float64(errs) >= b.Threshold*float64(total) {
+			return errs
+		}
+	}
+}
+
 // TestEndToEndDemo walks the README's demo against the real binary: 429
 // after the configured number of calls, then a slow upstream opening the
 // checkout breaker (503), then failing upstream responses opening the
@@ -456,7 +470,7 @@ func TestEndToEndDemo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lg := startLeapgate(t)
+	lg := startLeapgate(t, ".", "envoy", "config") // examples/envoy/config
 	conn, err := grpc.NewClient(lg.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -546,17 +560,8 @@ func TestEndToEndDemo(t *testing.T) {
 			t.Fatalf("cluster breaker strategy %s, want error_ratio", b.Strategy)
 		}
 		// The window already holds the successful (slow) checkout
-		// responses of the same cluster. The breaker must open at the
-		// first failure that brings the window to min_requests with an
-		// error ratio of at least threshold, and not before.
-		want := 0
-		for errs := 1; ; errs++ {
-			total := successes + errs
-			if uint64(total) >= b.MinRequests && float64(errs) >= b.Threshold*float64(total) {
-				want = errs
-				break
-			}
-		}
+		// responses of the same cluster.
+		want := failuresToOpen(b, successes)
 		for i := 0; i < want; i++ {
 			req := downstream{Route: "api", ClientIP: fmt.Sprintf("203.0.113.%d", 10+i), Headers: map[string]string{"x-user-id": fmt.Sprintf("user-%d", i)}}
 			if d := e.rateLimit(ctx, req); d.Status != 0 {

@@ -119,10 +119,27 @@ func (p svcPort) isGRPC() bool {
 // the Services, route actions against the VirtualService routes and the
 // rules in the ConfigMap, the Deployment's wiring and the ALS provider.
 func checkIstio(files map[string][]byte) error {
+	_, err := istioExample(files)
+	return err
+}
+
+// istioGateway is what the Istio example makes of the ingress gateway: its
+// filters and routes (as envoyFacts), the rules, and the ALS provider.
+type istioGateway struct {
+	Facts      *envoyFacts
+	RuleFiles  []descriptors.File
+	Rules      *descriptors.Set
+	ALSLogName string
+}
+
+// istioExample checks the Istio example (see checkIstio) and returns the
+// gateway it configures; the gateway is nil when the example does not load.
+func istioExample(files map[string][]byte) (*istioGateway, error) {
 	objs, err := loadManifests(files)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	gw := &istioGateway{}
 	var errs []error
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
@@ -166,7 +183,7 @@ func checkIstio(files map[string][]byte) error {
 	}
 	set, err := descriptors.Parse(ruleFiles)
 	if err != nil {
-		return fmt.Errorf("rules in the ConfigMap: %w", err)
+		return nil, fmt.Errorf("rules in the ConfigMap: %w", err)
 	}
 
 	// EnvoyFilter patches, decoded as Envoy protos.
@@ -252,26 +269,16 @@ func checkIstio(files map[string][]byte) error {
 		checkGRPC("gRPC cluster "+c, parts[3], port)
 	}
 
-	// Route descriptors against the rules.
-	var rds []routeDescriptor
-	var rdErrs []error
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for n := range routeRateLimits {
-			if !yield(n) {
-				return
-			}
-		}
-	}) {
-		ff := &envoyFacts{RateLimits: f.RateLimits}
-		ff.Routes = []*routev3.Route{{Name: name, Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+	// Route descriptors against the rules: the gateway's routes are the
+	// VirtualService's, with the actions the HTTP_ROUTE patches merge in.
+	for _, name := range vsRoutes {
+		f.Routes = append(f.Routes, &routev3.Route{Name: name, Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: routeCluster[name]},
 			RateLimits:       routeRateLimits[name],
-		}}}}
-		r, err := routeDescriptors(ff, nil)
-		rds = append(rds, r...)
-		rdErrs = append(rdErrs, err)
+		}}})
 	}
-	errs = append(errs, errors.Join(rdErrs...), checkRules(set, f, rds), checkBreakersReachable(set, vsRoutes, vsClusters))
+	rds, err := routeDescriptors(f, nil)
+	errs = append(errs, err, checkRules(set, f, rds), checkBreakersReachable(set, vsRoutes, vsClusters))
 
 	// Deployment wiring and the ALS provider.
 	for _, o := range objs {
@@ -318,6 +325,7 @@ func checkIstio(files map[string][]byte) error {
 					continue
 				}
 				port, _ := get(als, "port").(float64)
+				gw.ALSLogName = str(get(als, "logName"))
 				checkGRPC("envoyHttpAls provider "+str(get(pr, "name")), str(get(als, "service")), int(port))
 				used := false
 				for _, t := range objs {
@@ -331,7 +339,8 @@ func checkIstio(files map[string][]byte) error {
 			}
 		}
 	}
-	return errors.Join(errs...)
+	gw.Facts, gw.RuleFiles, gw.Rules = f, ruleFiles, set
+	return gw, errors.Join(errs...)
 }
 
 func TestIstioExample(t *testing.T) {
