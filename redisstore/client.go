@@ -37,22 +37,23 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 		parts := strings.Split(s.URL, ",")
 		suser, spass := splitAuth(s.SentinelAuth)
 		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:       strings.TrimSpace(parts[0]),
-			SentinelAddrs:    trimAll(parts[1:]),
-			SentinelUsername: suser,
-			SentinelPassword: spass,
-			Username:         user,
-			Password:         pass,
-			Protocol:         2,
-			DialTimeout:      s.Timeout,
-			ReadTimeout:      s.Timeout,
-			WriteTimeout:     s.Timeout,
-			PoolTimeout:      s.Timeout,
-			PoolSize:         s.PoolSize,
-			MaxRetries:       -1,
-			DialerRetries:    1,
-			TLSConfig:        tlsConfig,
-			DisableIdentity:  true,
+			MasterName:            strings.TrimSpace(parts[0]),
+			SentinelAddrs:         trimAll(parts[1:]),
+			SentinelUsername:      suser,
+			SentinelPassword:      spass,
+			Username:              user,
+			Password:              pass,
+			Protocol:              2,
+			DialTimeout:           s.Timeout,
+			ReadTimeout:           s.Timeout,
+			WriteTimeout:          s.Timeout,
+			PoolTimeout:           s.Timeout,
+			PoolSize:              s.PoolSize,
+			MaxRetries:            -1,
+			ContextTimeoutEnabled: true, // the caller's deadline bounds the call too
+			DialerRetries:         1,
+			TLSConfig:             tlsConfig,
+			DisableIdentity:       true,
 		}), false, nil
 	case config.RedisCluster:
 		return redis.NewClusterClient(&redis.ClusterOptions{
@@ -66,7 +67,8 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 			PoolTimeout:              s.Timeout,
 			PoolSize:                 s.PoolSize,
 			MaxRetries:               -1,
-			DialerRetries:            1, // one dial per attempt: a dead Redis costs one Timeout, not five
+			ContextTimeoutEnabled:    true, // the caller's deadline bounds the call too
+			DialerRetries:            1,    // one dial per attempt: a dead Redis costs one Timeout, not five
 			TLSConfig:                tlsConfig,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: noMaint,
@@ -84,7 +86,8 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 			PoolTimeout:              s.Timeout,
 			PoolSize:                 s.PoolSize,
 			MaxRetries:               -1,
-			DialerRetries:            1, // one dial per attempt: a dead Redis costs one Timeout, not five
+			ContextTimeoutEnabled:    true, // the caller's deadline bounds the call too
+			DialerRetries:            1,    // one dial per attempt: a dead Redis costs one Timeout, not five
 			TLSConfig:                tlsConfig,
 			DisableIdentity:          true,
 			MaintNotificationsConfig: noMaint,

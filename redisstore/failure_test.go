@@ -38,11 +38,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// waitUnhealthy waits until a health probe of every store has failed.
 func waitUnhealthy(t *testing.T, stores ...*Store) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for _, s := range stores {
-		for s.Healthy() {
+		for s.state.Load() != stateDown {
 			if time.Now().After(deadline) {
 				t.Fatal("store did not notice that Redis is down")
 			}
@@ -251,5 +252,44 @@ func TestAuth(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("auth %q: err %v, want ok=%t", tc.auth, err, tc.ok)
 		}
+	}
+}
+
+// TestBlackholedRedis: a Redis that accepts connections but never answers
+// costs a request REDIS_TIMEOUT (a timeout error, not a hang), and the
+// following requests fail fast once the health probe has failed too.
+func TestBlackholedRedis(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // read nothing, answer nothing
+		}
+	}()
+	st := settingsFor(l.Addr().String())
+	st.Timeout = 50 * time.Millisecond
+	s := newTestStore(t, st, Options{HealthInterval: time.Hour})
+	sp := mustSpec(t, time.Second, 10)
+	_, err = s.Do(context.Background(), []window.Request{{Key: "k", Spec: sp, Limit: 1, Hits: 1}})
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("blackholed Redis: %v, want a wrapped timeout", err)
+	}
+	waitUnhealthy(t, s)
+	if _, err := s.Do(context.Background(), []window.Request{{Key: "k", Spec: sp, Limit: 1, Hits: 1}}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("after the probe failed: %v, want ErrUnavailable", err)
 	}
 }
