@@ -190,14 +190,16 @@ func (g *GCRA) clamp(now time.Duration) int64 {
 
 // FixedCounter counts hits in epoch-aligned windows of Spec.Length()
 // (window n covers [n*W, (n+1)*W)), in one word packing the window number
-// (high 32 bits) and its count (low 32 bits), updated by compare-and-swap.
-// Refused hits are not counted. It is safe for concurrent use, lock-free
-// and allocation-free; a clock that steps back is treated as standing
-// still.
+// (high 32 bits) and its count (low 32 bits), updated by compare-and-swap;
+// the full newest window number is kept beside it, so the 32-bit tag is
+// only compared for equality with a current window. Refused hits are not
+// counted. It is safe for concurrent use, lock-free and allocation-free; a
+// clock that steps back is treated as standing still.
 type FixedCounter struct {
-	spec Spec
-	word atomic.Uint64
-	seen atomic.Int64
+	spec   Spec
+	latest atomic.Int64  // newest window number seen
+	word   atomic.Uint64 // window tag << 32 | count
+	seen   atomic.Int64  // latest time passed to AllowAt, for LRU eviction
 }
 
 // NewFixedCounter returns an empty fixed-window counter.
@@ -213,12 +215,17 @@ func NewFixedCounter(spec Spec) *FixedCounter {
 // Result.Bucket is the window number, for undo.
 func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
-	if now > 0 && now > time.Duration(f.seen.Load()) {
+	if now > 0 && int64(now) > f.seen.Load() {
 		f.seen.Store(int64(now)) // racy max, fine for LRU
 	}
+	cur := f.advance(now)
 	for {
 		w := f.word.Load()
-		cur, cnt := f.current(now, w)
+		cnt, ok := f.countIn(cur, w)
+		if !ok {
+			cur = f.latest.Load() // descheduled past a window edge: act in the newest
+			continue
+		}
 		r := Result{
 			Remaining: limit - min(cnt, limit),
 			Reset:     max(0, time.Duration((cur+1)*f.spec.length)-now),
@@ -242,17 +249,38 @@ func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	}
 }
 
-// current returns the window to act in at now (the stored one if the clock
-// stepped back) and its count, given the stored word w.
-func (f *FixedCounter) current(now time.Duration, w uint64) (int64, uint64) {
+// advance moves the newest window number up to now's and returns the
+// window to act in (the newest seen, if the clock stepped back). When the
+// window moves it resets the word, unless a writer of the new window got
+// there first.
+func (f *FixedCounter) advance(now time.Duration) int64 {
 	id := int64(max(now, 0)) / f.spec.length
-	switch d := int32(uint32(id) - tag(w)); {
-	case d > 0:
-		return id, 0
-	case d < 0:
-		return id - int64(d), uint64(count(w))
+	for {
+		l := f.latest.Load()
+		if id <= l {
+			return l
+		}
+		if f.latest.CompareAndSwap(l, id) {
+			for {
+				w := f.word.Load()
+				if tag(w) == uint32(id) || f.word.CompareAndSwap(w, pack(id, 0)) {
+					return id
+				}
+			}
+		}
 	}
-	return id, uint64(count(w))
+}
+
+// countIn returns the count of window cur held in w, and false if cur is
+// no longer the newest window.
+func (f *FixedCounter) countIn(cur int64, w uint64) (uint64, bool) {
+	if tag(w) == uint32(cur) {
+		return uint64(count(w)), true
+	}
+	if f.latest.Load() > cur {
+		return 0, false
+	}
+	return 0, true // the word still holds an older window: cur starts empty
 }
 
 // LastUsed returns the latest time passed to AllowAt.
@@ -261,7 +289,7 @@ func (f *FixedCounter) LastUsed() time.Duration { return time.Duration(f.seen.Lo
 func (f *FixedCounter) undo(bucket int64, hits, _ uint64) {
 	for {
 		w := f.word.Load()
-		if tag(w) != uint32(bucket) || count(w) == 0 {
+		if tag(w) != uint32(bucket) || f.latest.Load() != bucket || count(w) == 0 {
 			return
 		}
 		if f.word.CompareAndSwap(w, w-min(uint64(count(w)), hits)) {
@@ -271,9 +299,14 @@ func (f *FixedCounter) undo(bucket int64, hits, _ uint64) {
 }
 
 func (f *FixedCounter) refund(now time.Duration, hits, limit uint64) Result {
+	cur := f.advance(now)
 	for {
 		w := f.word.Load()
-		cur, cnt := f.current(now, w)
+		cnt, ok := f.countIn(cur, w)
+		if !ok {
+			cur = f.latest.Load()
+			continue
+		}
 		if cnt == 0 || f.word.CompareAndSwap(w, pack(cur, cnt-min(cnt, hits))) {
 			break
 		}
@@ -282,7 +315,8 @@ func (f *FixedCounter) refund(now time.Duration, hits, limit uint64) Result {
 }
 
 func (f *FixedCounter) idleAt(now time.Duration) bool {
-	_, cnt := f.current(now, f.word.Load())
+	cur := f.advance(now)
+	cnt, _ := f.countIn(cur, f.word.Load())
 	return cnt == 0
 }
 

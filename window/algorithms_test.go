@@ -217,3 +217,17 @@ func TestStoreAlgorithmsAndRefunds(t *testing.T) {
 		t.Fatal("unknown algorithm accepted")
 	}
 }
+
+// A fixed window idle for 2^31 windows or more (a multiple of 2^32
+// included) starts empty; the 32-bit tag never aliases.
+func TestFixedCounterIdleBeyondTagRange(t *testing.T) {
+	spec := mustSpec(t, time.Nanosecond, 1)
+	for _, idle := range []int64{1 << 31, 1<<31 + 5, 3 << 30, 1<<32 + 7, 3 << 31} {
+		f := NewFixedCounter(spec)
+		f.AllowAt(100, 5, 5)
+		later := time.Duration(100 + idle)
+		if r := f.AllowAt(later, 5, 5); !r.Allowed || r.Reset != time.Nanosecond {
+			t.Fatalf("after %d idle windows: %+v, want a fresh window", idle, r)
+		}
+	}
+}

@@ -25,9 +25,11 @@ const MaxLimit = math.MaxUint32
 // since the origin of a monotonic Clock; a time earlier than one already
 // seen is treated as that newer time (a clock that steps back stands still).
 //
-// Epoch tags are truncated to 32 bits: a Counter left untouched for 2^31
-// bucket lengths (about 3.4 years with 50 ms buckets) may keep stale counts
-// until the ring comes round. A Store reclaims idle counters long before.
+// Epoch tags are truncated to 32 bits and compared in serial-number
+// arithmetic; a counter idle for any length of time (even 2^32 buckets and
+// more) drains correctly, because stale slots are judged against the last
+// epoch seen. Only a caller descheduled for 2^31 bucket lengths between
+// reading the clock and recording could misplace its own hits.
 type Counter struct {
 	// The fields touched by every call fill one 64-byte cache line; the
 	// ring is a second allocation.
@@ -199,22 +201,33 @@ func (c *Counter) advance(now time.Duration) int64 {
 
 // drain empties the slots of the epochs that left the window when the
 // newest epoch moved from prev to next: epochs prev-k .. next-k-1 (at most
-// one ring turn).
+// one ring turn). Each walked slot is retagged with the epoch x that just
+// left, empty slots included, so that every slot's 32-bit tag stays within
+// a couple of ring turns of latest and serial comparisons never alias.
 func (c *Counter) drain(prev, next int64) {
 	k := c.buckets
 	m := c.ring()
 	hi := next - k - 1
 	lo := max(prev-k, hi-m+1, 0)
+	// After a jump past the whole ring, every slot filled before it is
+	// stale; judged against prev its tag cannot alias, however long the
+	// counter sat idle (even 2^32 buckets).
+	wholeRing := next-prev > k
 	for x := lo; x <= hi; x++ {
 		slot := &c.slots[x%m]
 		for {
 			w := slot.Load()
-			cnt := count(w)
-			if cnt == 0 || !notNewer(tag(w), hi) {
-				break
+			t, cnt := tag(w), count(w)
+			if t == uint32(x) && cnt == 0 {
+				break // already retagged
 			}
-			if slot.CompareAndSwap(w, w&^math.MaxUint32) {
-				c.total.Add(^(uint64(cnt) - 1))
+			if !notNewer(t, hi) && !(wholeRing && notNewer(t, prev)) {
+				break // holds a bucket still in the window
+			}
+			if slot.CompareAndSwap(w, pack(x, 0)) {
+				if cnt > 0 {
+					c.total.Add(^(uint64(cnt) - 1))
+				}
 				break
 			}
 		}

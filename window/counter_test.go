@@ -491,3 +491,47 @@ func TestCounterConcurrentResetsExact(t *testing.T) {
 		t.Fatalf("count %d, want %d", got, want)
 	}
 }
+
+// Epoch tags are 32 bits: a counter idle for 2^31 buckets or more (a
+// multiple of 2^32 included) must still see its old hits as stale.
+func TestCounterIdleBeyondTagRange(t *testing.T) {
+	spec := mustSpec(t, 11*time.Nanosecond, 11) // 1 ns buckets: 2^32 buckets in 4.3 s
+	for _, idle := range []int64{1 << 31, 1<<31 + 5, 1 << 32, 1<<32 + 12*7, 3 << 31, 5<<32 + 1} {
+		t.Run(fmt.Sprint(idle), func(t *testing.T) {
+			c := NewCounter(spec)
+			t0 := time.Duration(1000)
+			for i := range 11 {
+				c.AllowAt(t0+time.Duration(i), 1, 11)
+			}
+			later := t0 + time.Duration(idle)
+			if got := c.CountAt(later); got != 0 {
+				t.Fatalf("count after %d idle buckets = %d, want 0", idle, got)
+			}
+			for i := range 11 {
+				if r := c.AllowAt(later+time.Duration(i), 1, 11); !r.Allowed {
+					t.Fatalf("hit %d after %d idle buckets refused: %+v", i, idle, r)
+				}
+			}
+			if got := c.CountAt(later + 10); got != 11 {
+				t.Fatalf("count = %d, want 11", got)
+			}
+		})
+	}
+}
+
+// A counter first used when the epoch's low 32 bits are in their upper
+// half (a process up for a long time with short buckets) must count.
+func TestCounterFirstUseLate(t *testing.T) {
+	spec := mustSpec(t, 11*time.Nanosecond, 11)
+	for _, at := range []int64{3<<30 + 5, 1<<32 - 3, 7<<31 + 1} {
+		c := NewCounter(spec)
+		for i := range 11 {
+			if r := c.AllowAt(time.Duration(at), 1, 11); !r.Allowed {
+				t.Fatalf("at %d: hit %d refused: %+v", at, i, r)
+			}
+		}
+		if r := c.AllowAt(time.Duration(at), 1, 11); r.Allowed {
+			t.Fatalf("at %d: 12th hit allowed (hits were lost): %+v", at, r)
+		}
+	}
+}
