@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -577,6 +578,38 @@ func TestEndToEndDemo(t *testing.T) {
 		// The cluster's breaker covers every route to it: checkout too.
 		if d := e.rateLimit(ctx, downstream{Route: "checkout", ClientIP: "203.0.113.98"}); d.Status != http.StatusServiceUnavailable {
 			t.Errorf("checkout while the cluster breaker is open: status %d, want 503", d.Status)
+		}
+	})
+
+	t.Run("the image's HEALTHCHECK command passes", func(t *testing.T) {
+		e.t = t
+		hc := loadDockerfile(t)["ratelimit"].all("HEALTHCHECK")
+		_, cmdline, _ := strings.Cut(hc[0].Args, "CMD ")
+		argv := execForm(cmdline)
+		if len(argv) != 2 || filepath.Base(argv[0]) != "healthprobe" {
+			t.Fatalf("HEALTHCHECK %v: want healthprobe URL", argv)
+		}
+		// The image's URL, on the port this test's server listens on.
+		u, err := url.Parse(argv[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Port() != "8080" {
+			t.Fatalf("HEALTHCHECK probes port %s; Leapgate's default PORT is 8080", u.Port())
+		}
+		u.Host = lg.HTTPAddr
+		probe := filepath.Join(t.TempDir(), "healthprobe")
+		build := exec.Command("go", "build", "-o", probe, "./cmd/healthprobe")
+		build.Dir = ".."
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/healthprobe: %v\n%s", err, out)
+		}
+		if out, err := exec.Command(probe, u.String()).CombinedOutput(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", argv[0], u, err, out)
+		}
+		u.Path = "/no-such-endpoint"
+		if err := exec.Command(probe, u.String()).Run(); err == nil {
+			t.Errorf("healthprobe %s succeeded; it must fail on a non-2xx answer", u)
 		}
 	})
 
