@@ -308,7 +308,14 @@ func istioExample(files map[string][]byte) (*istioGateway, error) {
 			if !configMaps[cm] {
 				fail("%s: Deployment mounts no rules ConfigMap at %s (RUNTIME_* settings)", o.File, rulesDir)
 			}
+			httpPort, _ := strconv.Atoi(envs["PORT"])
+			if p, _ := get(c, "readinessProbe", "httpGet", "port").(float64); int(p) != httpPort || str(get(c, "readinessProbe", "httpGet", "path")) != "/healthcheck" {
+				fail("%s: readinessProbe must GET /healthcheck on PORT %d", o.File, httpPort)
+			}
 			grpcPort, _ := strconv.Atoi(envs["GRPC_PORT"])
+			if p, _ := get(c, "livenessProbe", "grpc", "port").(float64); int(p) != grpcPort {
+				fail("%s: livenessProbe must use gRPC health on GRPC_PORT %d", o.File, grpcPort)
+			}
 			checkGRPC("Deployment GRPC_PORT", o.Name+"."+o.NS+".svc.cluster.local", grpcPort)
 			if envs["BACKEND_TYPE"] == "redis" {
 				host, port, err := net.SplitHostPort(envs["REDIS_URL"])
@@ -379,6 +386,7 @@ func TestIstioValidatorCatchesBreakage(t *testing.T) {
 		{name: "rules not mounted where RUNTIME_* look", file: "leapgate.yaml", old: "mountPath: /data/ratelimit/config", new: "mountPath: /etc/rules", wantError: "mounts no rules ConfigMap", count: 1},
 		{name: "ALS provider on the HTTP port", file: "als.yaml", old: "port: 8081", new: "port: 8080", wantError: "envoyHttpAls provider leapgate-als", count: 1},
 		{name: "ALS provider not used", file: "als.yaml", old: "  - providers:\n    - name: leapgate-als", new: "  - providers:\n    - name: other", wantError: "no Telemetry uses", count: 1},
+		{name: "readiness probe on the wrong port", file: "leapgate.yaml", old: "httpGet: {path: /healthcheck, port: 8080}", new: "httpGet: {path: /healthcheck, port: 8081}", wantError: "readinessProbe", count: 1},
 		{name: "ext_proc without route attribute", file: "envoyfilter.yaml", old: "request_attributes: [xds.route_name, xds.cluster_name]", new: "request_attributes: [xds.cluster_name]", wantError: "xds.route_name", count: 1},
 	}
 	for _, tt := range tests {
