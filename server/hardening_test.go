@@ -10,6 +10,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -215,4 +216,57 @@ func TestDrainTimeoutBoundsShutdown(t *testing.T) {
 	if err := <-errc; status.Code(err) != codes.Unavailable && !errors.Is(err, context.Canceled) {
 		t.Errorf("call cut by the drain timeout: %v, want Unavailable", err)
 	}
+}
+
+// TestHealthWatchDoesNotHoldShutdown: a client's health Watch stream (gRPC
+// client-side health checking keeps one open) is told NOT_SERVING and then
+// ended, so shutdown does not wait for the drain timeout.
+func TestHealthWatchDoesNotHoldShutdown(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.DrainTimeout = 10 * time.Minute })
+	watch, err := healthpb.NewHealthClient(ts.conn(t)).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v %v", st, err)
+	}
+	ts.stop()
+	if st, err := watch.Recv(); err != nil || st.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("watch after shutdown began: %v %v, want NOT_SERVING", st, err)
+	}
+	if _, err := watch.Recv(); err == nil {
+		t.Error("watch stream still open after shutdown")
+	}
+	select {
+	case err := <-ts.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		ts.done <- nil
+	case <-time.After(time.Minute):
+		t.Fatal("an open health Watch stream held the shutdown")
+	}
+}
+
+// TestNoGoroutineLeaks runs a server through calls, a health watch, a
+// reload and a shutdown, then checks every goroutine it started has ended.
+func TestNoGoroutineLeaks(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Run("server", func(t *testing.T) {
+		ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+		client := ts.rls(t)
+		callUser(t, client, "a")
+		watch, err := healthpb.NewHealthClient(ts.conn(t)).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := watch.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"b"}]}]}`)
+		writeRules(t, ts.ruleDir, "rules.yaml", rulesPerMinute("5"))
+		waitRules(t, ts, "requests_per_unit=5")
+	})
+	http.DefaultClient.CloseIdleConnections()
+	goleak.VerifyNone(t, before)
 }

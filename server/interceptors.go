@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
@@ -69,8 +70,32 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 	return handler(ctx, req)
 }
 
-// streamInterceptor records the duration and recovers panics of streams.
+// watchGrace is how long a health Watch stream stays open once shutdown
+// begins: long enough to deliver NOT_SERVING, short enough not to hold the
+// drain.
+const watchGrace = 200 * time.Millisecond
+
+// streamInterceptor records the duration and recovers panics of streams. It
+// also ends health Watch streams shortly after shutdown begins: they never
+// end by themselves (gRPC clients with health checking keep one open), so
+// they would otherwise hold the drain until DRAIN_TIMEOUT.
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	if info.FullMethod == healthpb.Health_Watch_FullMethodName {
+		ctx, cancel := context.WithCancel(ss.Context())
+		defer cancel()
+		go func() {
+			select {
+			case <-s.stopping:
+				select {
+				case <-time.After(watchGrace):
+					cancel()
+				case <-ctx.Done():
+				}
+			case <-ctx.Done():
+			}
+		}()
+		ss = streamWithContext{ServerStream: ss, ctx: ctx}
+	}
 	start := time.Now()
 	defer func() {
 		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
@@ -78,3 +103,11 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
 	return handler(srv, ss)
 }
+
+// streamWithContext is a ServerStream with its context replaced.
+type streamWithContext struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s streamWithContext) Context() context.Context { return s.ctx }

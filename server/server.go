@@ -53,6 +53,9 @@ type Server struct {
 	debug *http.Server
 
 	grpcLn, httpLn, debugLn net.Listener
+
+	// stopping is closed when shutdown begins.
+	stopping chan struct{}
 }
 
 // Option adjusts how New builds a Server.
@@ -85,6 +88,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		logger:   logger,
 		registry: prometheus.NewRegistry(),
 		health:   newHealthState(),
+		stopping: make(chan struct{}),
 	}
 	s.registry.MustRegister(
 		collectors.NewGoCollector(),
@@ -303,6 +307,7 @@ func (s *Server) Run(ctx context.Context) error {
 // each bounded by the drain timeout.
 func (s *Server) shutdown() {
 	s.health.shutDown()
+	close(s.stopping)
 	s.logger.Info("health NOT_SERVING; draining in-flight calls", "drain_timeout", s.settings.DrainTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), s.settings.DrainTimeout)
 	defer cancel()
