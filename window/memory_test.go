@@ -191,3 +191,35 @@ func TestStoreRunBadInterval(t *testing.T) {
 		t.Fatal("Run with interval 0 returned nil")
 	}
 }
+
+// After a burst of keys goes idle, Sweep gives the maps' memory back, even
+// while a few keys of the burst stay in use.
+func TestStoreSweepShrinksMaps(t *testing.T) {
+	spec := mustSpec(t, time.Second, DefaultBuckets)
+	s := NewStore(&fakeClock{})
+	res := make([]Result, 1)
+	var base, full, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	const n, keep = 200_000, 50 // one key in 50 stays in use
+	for i := range n {
+		s.DoAt(context.Background(), 0, []Request{{Key: "burst_" + strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}}, res)
+	}
+	for i := 0; i < n; i += keep {
+		s.DoAt(context.Background(), time.Hour-time.Millisecond, []Request{{Key: "burst_" + strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}}, res)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&full)
+	if got, want := s.Sweep(time.Hour), n-n/keep; got != want {
+		t.Fatalf("swept %d, want %d", got, want)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(s)
+	grown := int64(full.HeapAlloc) - int64(base.HeapAlloc)
+	left := int64(after.HeapAlloc) - int64(base.HeapAlloc)
+	t.Logf("burst of %d keys: +%d bytes; after sweeping all but %d: +%d bytes", n, grown, n/keep, left)
+	if left > grown/10 {
+		t.Fatalf("after sweeping %d of %d keys the heap is still %d bytes above its start (burst: %d)", n-n/keep, n, left, grown)
+	}
+}

@@ -47,11 +47,18 @@ type Store struct {
 }
 
 type storeShard struct {
-	mu  sync.RWMutex
-	m   map[string]meter
-	idx int                   // position in Store.shards
-	_   [64 - 24 - 8 - 8]byte // keep shards on separate cache lines
+	mu   sync.RWMutex
+	m    map[string]meter
+	idx  int                       // position in Store.shards
+	peak int                       // most keys held since m was allocated
+	_    [64 - 24 - 8 - 8 - 8]byte // keep shards on separate cache lines
 }
+
+// shrinkBelow is the key count under which Sweep considers rebuilding a
+// shard's map: Go maps never give back the room of deleted keys, so after a
+// burst of keys a shard's map is copied into a right-sized one once it
+// holds under a quarter of its peak.
+const shrinkBelow = 256
 
 // StoreOption configures a Store.
 type StoreOption func(*Store)
@@ -207,7 +214,8 @@ func (s *Store) CountAt(key string, now time.Duration) uint64 {
 }
 
 // Sweep removes every counter with nothing inside its window at now and
-// returns how many it removed.
+// returns how many it removed. It also gives back the memory of a burst of
+// keys that has since gone (see shrinkBelow).
 func (s *Store) Sweep(now time.Duration) int {
 	n := 0
 	for i := range s.shards {
@@ -218,6 +226,13 @@ func (s *Store) Sweep(now time.Duration) int {
 				delete(sh.m, k)
 				n++
 			}
+		}
+		if sh.peak > shrinkBelow && len(sh.m) < sh.peak/4 {
+			m := make(map[string]meter, len(sh.m))
+			for k, c := range sh.m {
+				m[k] = c
+			}
+			sh.m, sh.peak = m, len(m)
 		}
 		sh.mu.Unlock()
 	}
@@ -279,6 +294,7 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 		}
 		m = newMeter(req.Spec, req.Algorithm)
 		sh.m[strings.Clone(req.Key)] = m
+		sh.peak = max(sh.peak, len(sh.m))
 		s.keys.Add(1)
 	case !matches(m, req):
 		m = newMeter(req.Spec, req.Algorithm)
