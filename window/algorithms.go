@@ -115,7 +115,7 @@ func (g *GCRA) AllowAt(now time.Duration, hits, limit uint64) Result {
 		if next-t > tau || hits == 0 {
 			r := Result{
 				Allowed:   next-t <= tau,
-				Remaining: uint64((tau - (base - t)) / interval),
+				Remaining: uint64(max(0, tau-(base-t)) / interval), // < 0 after a lowered limit
 			}
 			if r.Allowed {
 				r.Reset = max(0, time.Duration(base)-now)

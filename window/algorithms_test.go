@@ -231,3 +231,16 @@ func TestFixedCounterIdleBeyondTagRange(t *testing.T) {
 		}
 	}
 }
+
+// A lowered limit applies at once and never reports a wrapped Remaining.
+func TestGCRALoweredLimit(t *testing.T) {
+	g := NewGCRA(mustSpec(t, time.Second, 1))
+	g.AllowAt(0, 100, 100)
+	r := g.AllowAt(0, 1, 10)
+	if r.Allowed || r.Remaining != 0 {
+		t.Fatalf("after 100 hits, limit lowered to 10: %+v, want refused with Remaining 0", r)
+	}
+	if r := g.AllowAt(0, 0, 10); r.Allowed || r.Remaining != 0 {
+		t.Fatalf("check after a lowered limit: %+v", r)
+	}
+}
