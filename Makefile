@@ -10,8 +10,10 @@ BENCH ?= .
 BENCH_PKGS ?= ./...
 # Fuzzing time per fuzz target in `make test` (0 skips fuzzing).
 FUZZTIME ?= 5s
+# Length of `make soak` (`make test` runs the same soak for 3s per backend).
+SOAK ?= 3m
 
-.PHONY: run test bench check-config
+.PHONY: run test bench soak check-config
 
 run:
 	$(GO) run ./cmd/ratelimit
@@ -21,6 +23,11 @@ test:
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCH_COUNT) -benchtime $(BENCH_TIME) $(BENCH_PKGS)
+
+# Load test of a real server (ShouldRateLimit, /json, ext_proc, reloads, a
+# Redis restart) under -race, checking errors, heap and exact counts.
+soak:
+	LEAPGATE_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 30m -v ./server
 
 # Validate a rule directory: make check-config DIR=path/to/rules
 check-config:
