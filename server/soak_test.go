@@ -41,7 +41,7 @@ func soakDuration(t *testing.T) time.Duration {
 
 const totalLimit = 1_000_000_000
 
-// soakRules limits each user to perUser a minute; every request also
+// soakRules limits each user to perUser a second; every request also
 // counts against one huge "total" limit, whose count must equal the number
 // of requests answered OK (an OVER_LIMIT answer records nothing).
 func soakRules(perUser int) string {
@@ -51,7 +51,7 @@ descriptors:
     value: all
     rate_limit: {unit: hour, requests_per_unit: %d}
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: %d}
+    rate_limit: {unit: second, requests_per_unit: %d}
 `, totalLimit, perUser)
 }
 
