@@ -26,8 +26,10 @@ bench:
 
 # Load test of a real server (ShouldRateLimit, /json, ext_proc, reloads, a
 # Redis restart) under -race, checking errors, heap and exact counts.
+# Then ./soak: persistent Redis killed and restarted mid-run, exact counts per key.
 soak:
 	LEAPGATE_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 30m -v ./server
+	SOAK_DURATION=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 10m -v ./soak/
 
 # Validate a rule directory: make check-config DIR=path/to/rules
 check-config:
