@@ -1,28 +1,46 @@
--- Sliding-window check-and-add for a batch of counters, atomically.
--- The same algorithm as window.Counter, with Redis's clock.
+-- Check-and-add (or refund) for a batch of counters, atomically, with
+-- Redis's clock. Each counter uses one of window's algorithms, with the
+-- same answers as the in-memory window.Store:
 --
--- KEYS[i]  counter i: a hash whose fields are bucket epochs and whose
---          values are the hits recorded in that bucket.
--- ARGV[1]  "1": dry run, record nothing (answers only).
+--   0 sliding window (window.Counter): KEYS[i] is a hash whose fields are
+--     bucket epochs floor(now / b) and whose values are the hits recorded
+--     in that bucket.
+--   1 token bucket (window.GCRA): KEYS[i] is a hash with fields "tat" (the
+--     theoretical arrival time, ns since the Unix epoch) and "seen" (the
+--     newest time written, ns).
+--   2 fixed window (window.FixedCounter): KEYS[i] is a hash with one field,
+--     the window number floor(now / W), whose value is the hits counted in
+--     that window.
+--
+-- ARGV[1]  "1": dry run, record nothing (answers only, as if vetoed).
 -- ARGV[2]  the time in microseconds, or "" to read Redis's TIME (the
 --          default: every replica then agrees whatever its own clock says).
--- ARGV[3+5*(i-1) .. 7+5*(i-1)], for counter i:
---          bucket length in microseconds, buckets per window (k), limit,
---          hits (0: check whether one more hit would fit), veto ("1"/"0").
+-- ARGV[3+7*(i-1) .. 9+7*(i-1)], for counter i:
+--          bucket length b in microseconds, buckets per window k (the window
+--          W is k*b), limit, hits (0: check whether one more hit would fit),
+--          veto ("1"/"0"), algorithm (0/1/2), negative ("1": a refund).
 --
 -- Returns 5 integers per counter: allowed (0/1), recorded (0/1), remaining,
--- reset in microseconds, bucket epoch.
+-- reset in nanoseconds, bucket (sliding: epoch; fixed: window number;
+-- token bucket: 0).
 --
--- A bucket epoch e is floor(now / b). The admission check counts epochs
--- e-k .. e (the oldest bucket, which only partly overlaps the window, in
--- full: no burst at window boundaries) and admits iff sum + hits <= limit.
--- If any counter with veto set is refused, nothing is recorded.
+-- As in window.Store.DoAt: requests that add hits are answered in order,
+-- each seeing the earlier ones of the batch; then refunds are applied, in
+-- order; if a veto request was refused (or on a dry run), nothing is
+-- written and the answers of recorded requests become unrecorded, their
+-- hits given back to remaining. A refund is never refused; in a vetoed
+-- batch it is answered as a check.
+--
+-- Numbers are Lua doubles: exact integers up to 2^53. Times are kept in
+-- microseconds (Redis's TIME resolution); token bucket arithmetic is in
+-- nanoseconds relative to now, and its absolute times are stored as decimal
+-- strings.
 
 if redis.replicate_commands then
   pcall(redis.replicate_commands) -- effects replication (a no-op from Redis 7)
 end
 
-local now
+local now -- microseconds
 if ARGV[2] == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -31,14 +49,42 @@ else
 end
 local dry = ARGV[1] == '1'
 
--- state of each distinct key: its epoch, layout and counts inside the window
-local states = {}
-local function load(key, b, k)
-  local st = states[key]
-  if st then
-    return st
+-- idiv is floor(a / c) for a >= 0, c > 0, exact.
+local function idiv(a, c)
+  return (a - math.fmod(a, c)) / c
+end
+
+local function clamp0(x)
+  if x < 0 then
+    return 0
   end
-  local e = (now - math.fmod(now, b)) / b
+  return x
+end
+
+-- ns strings <-> (microseconds, nanosecond remainder)
+local function parseNs(s)
+  if s == nil or s == false then
+    return nil
+  end
+  if #s <= 3 then
+    return 0, tonumber(s)
+  end
+  return tonumber(string.sub(s, 1, -4)), tonumber(string.sub(s, -3))
+end
+local function formatNs(us, rem)
+  if us == 0 then
+    return string.format('%d', rem)
+  end
+  return string.format('%.0f%03d', us, rem)
+end
+
+local states = {}
+
+------------------------------------------------------------ sliding window
+local SW = {}
+
+function SW.load(key, b, k)
+  local e = idiv(now, b)
   local fields = redis.call('HGETALL', key)
   -- a field newer than e means Redis's clock stepped back: stand still at
   -- the newest bucket seen, as window.Counter does
@@ -62,99 +108,339 @@ local function load(key, b, k)
   if #stale > 0 then
     redis.call('HDEL', key, unpack(stale))
   end
-  st = {e = e, b = b, k = k, counts = counts, sum = sum, pending = 0, added = 0}
-  states[key] = st
-  return st
+  return {alg = 0, e = e, b = b, k = k, counts = counts, sum = sum,
+          exists = #fields > 0, dirty = {}, added = false}
 end
+
+-- ageOut is the time (us) until bucket x leaves the window.
+local function swAgeOut(st, x)
+  return clamp0((x + st.k + 1) * st.b - now)
+end
+
+local function swRetryAfter(st, hits, limit)
+  if hits > limit then
+    return st.k * st.b
+  end
+  local freed = 0
+  for x = math.max(st.e - st.k, 0), st.e do
+    freed = freed + (st.counts[x] or 0)
+    if freed >= st.sum or st.sum - freed <= limit - hits then
+      return swAgeOut(st, x)
+    end
+  end
+  return swAgeOut(st, st.e)
+end
+
+function SW.allow(st, hits, limit)
+  local s = st.sum
+  local r = {remaining = limit - math.min(s, limit), bucket = st.e}
+  if hits == 0 then
+    if s < limit then
+      r.allowed = true
+      r.reset = 0
+      for x = st.e, math.max(st.e - st.k, 0), -1 do
+        if (st.counts[x] or 0) > 0 then
+          r.reset = swAgeOut(st, x)
+          break
+        end
+      end
+    else
+      r.reset = swRetryAfter(st, 1, limit)
+    end
+    r.reset = r.reset * 1000
+    return r
+  end
+  if s > limit or hits > limit - s then
+    r.reset = swRetryAfter(st, hits, limit) * 1000
+    return r
+  end
+  st.sum = s + hits
+  st.counts[st.e] = (st.counts[st.e] or 0) + hits
+  st.dirty[st.e] = true
+  st.added = true
+  r.allowed, r.recorded = true, true
+  r.remaining = limit - s - hits
+  r.reset = swAgeOut(st, st.e) * 1000
+  return r
+end
+
+-- refund takes hits back from the newest buckets first, never below zero.
+function SW.refund(st, hits)
+  for x = st.e, math.max(st.e - st.k, 0), -1 do
+    if hits <= 0 then
+      break
+    end
+    local c = st.counts[x] or 0
+    if c > 0 then
+      local sub = math.min(c, hits)
+      st.counts[x] = c - sub
+      st.sum = st.sum - sub
+      st.dirty[x] = true
+      hits = hits - sub
+    end
+  end
+end
+
+function SW.write(key, st)
+  local any = false
+  for x in pairs(st.dirty) do
+    any = true
+    local c = st.counts[x] or 0
+    if c > 0 then
+      redis.call('HSET', key, x, c)
+    else
+      redis.call('HDEL', key, x)
+    end
+  end
+  if st.added then
+    -- the newest bucket is counted until (e+k+1)*b: at most a window and a
+    -- bucket from now
+    redis.call('PEXPIRE', key, math.ceil((st.k + 1) * st.b / 1000))
+  end
+  return any
+end
+
+-------------------------------------------------------------- token bucket
+local TB = {}
+
+function TB.load(key, b, k)
+  local v = redis.call('HMGET', key, 'tat', 'seen')
+  local seenUs = parseNs(v[2])
+  local t = now -- clamp: a clock that steps back stands still
+  if seenUs and seenUs > t then
+    t = seenUs
+  end
+  local d = -1 -- tat - t in ns; <= 0 means a full bucket
+  local tatUs, tatRem = parseNs(v[1])
+  if tatUs then
+    d = (tatUs - t) * 1000 + tatRem
+  end
+  return {alg = 1, t = t, tn = (t - now) * 1000, d = d, w = k * b * 1000,
+          exists = v[1] ~= false and v[1] ~= nil, dirty = false, added = false}
+end
+
+-- interval is the emission interval: W / limit rounded up (ns).
+local function tbInterval(st, limit)
+  return idiv(st.w + limit - 1, limit)
+end
+
+function TB.allow(st, hits, limit)
+  if limit == 0 or hits > limit then
+    return {remaining = 0, reset = st.w, bucket = 0}
+  end
+  local iv = tbInterval(st, limit)
+  local tau = limit * iv
+  local db = clamp0(st.d) -- base - t
+  local n = hits
+  if n == 0 then
+    n = 1
+  end
+  local nx = db + n * iv -- next - t
+  if nx > tau or hits == 0 then
+    local r = {allowed = nx <= tau, remaining = clamp0(idiv(clamp0(tau - db), iv)), bucket = 0}
+    if r.allowed then
+      r.reset = clamp0(db + st.tn)
+    else
+      r.reset = clamp0(nx - tau + st.tn)
+    end
+    return r
+  end
+  st.d = nx
+  st.dirty, st.added = true, true
+  return {allowed = true, recorded = true, remaining = idiv(tau - nx, iv),
+          reset = clamp0(nx + st.tn), bucket = 0}
+end
+
+-- refund returns hits tokens, never filling the bucket beyond full.
+function TB.refund(st, hits, limit)
+  if hits == 0 or limit == 0 or st.d <= 0 then
+    return
+  end
+  st.d = clamp0(st.d - math.min(hits, limit) * tbInterval(st, limit))
+  st.dirty = true
+end
+
+function TB.write(key, st)
+  if not st.dirty then
+    return false
+  end
+  local d = clamp0(st.d)
+  local rem = math.fmod(d, 1000)
+  redis.call('HSET', key, 'tat', formatNs(st.t + (d - rem) / 1000, rem), 'seen', formatNs(st.t, 0))
+  -- the bucket is full again at tat; kept at least a window, so that an
+  -- existing counter keeps answering as one (as in window.Store)
+  redis.call('PEXPIRE', key, math.ceil(math.max(d + st.tn, st.w) / 1000000) + 1)
+  return true
+end
+
+-------------------------------------------------------------- fixed window
+local FW = {}
+
+function FW.load(key, b, k)
+  local w = k * b
+  local cur = idiv(now, w)
+  local fields = redis.call('HGETALL', key)
+  local stale = {}
+  for j = 1, #fields, 2 do
+    local f = tonumber(fields[j])
+    if f and f > cur then
+      cur = f -- the clock stepped back: act in the newest window
+    end
+  end
+  local cnt = 0
+  for j = 1, #fields, 2 do
+    local f = tonumber(fields[j])
+    if f == cur then
+      cnt = tonumber(fields[j + 1]) or 0
+    else
+      stale[#stale + 1] = fields[j]
+    end
+  end
+  return {alg = 2, w = w, cur = cur, cnt = cnt, stale = stale,
+          exists = #fields > 0, dirty = false, added = false}
+end
+
+function FW.allow(st, hits, limit)
+  local cnt = st.cnt
+  local r = {remaining = limit - math.min(cnt, limit),
+             reset = clamp0((st.cur + 1) * st.w - now) * 1000, bucket = st.cur}
+  if hits == 0 then
+    r.allowed = cnt < limit
+    return r
+  end
+  if cnt > limit or hits > limit - cnt then
+    if hits > limit then
+      r.reset = st.w * 1000
+    end
+    return r
+  end
+  st.cnt = cnt + hits
+  st.dirty, st.added = true, true
+  r.allowed, r.recorded = true, true
+  r.remaining = limit - cnt - hits
+  return r
+end
+
+function FW.refund(st, hits)
+  if st.cnt > 0 then
+    st.cnt = st.cnt - math.min(st.cnt, hits)
+    st.dirty = true
+  end
+end
+
+function FW.write(key, st)
+  if not st.dirty then
+    return false
+  end
+  if #st.stale > 0 then
+    redis.call('HDEL', key, unpack(st.stale))
+  end
+  redis.call('HSET', key, st.cur, st.cnt)
+  -- kept a window past its end, so that it still answers (as an existing,
+  -- empty counter) right after the edge
+  redis.call('PEXPIRE', key, math.ceil(((st.cur + 2) * st.w - now) / 1000))
+  return true
+end
+
+----------------------------------------------------------------- the batch
+local algs = {[0] = SW, [1] = TB, [2] = FW}
 
 local n = #KEYS
 local reqs = {}
-local vetoed = false
 for i = 1, n do
-  local a = 3 + 5 * (i - 1)
+  local a = 3 + 7 * (i - 1)
+  local alg = tonumber(ARGV[a + 5])
+  local impl = algs[alg]
+  if impl == nil then
+    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a + 5]))
+  end
   local b, k = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local r = {
+  local st = states[KEYS[i]]
+  if st == nil then
+    st = impl.load(KEYS[i], b, k)
+    states[KEYS[i]] = st
+  end
+  reqs[i] = {
     limit = tonumber(ARGV[a + 2]), hits = tonumber(ARGV[a + 3]),
-    veto = ARGV[a + 4] == '1', st = load(KEYS[i], b, k),
+    veto = ARGV[a + 4] == '1', neg = ARGV[a + 6] == '1', st = st, impl = impl,
+    winNs = k * b * 1000,
   }
-  local need = r.hits
-  if need == 0 then
-    need = 1
-  end
-  r.need = need
-  -- earlier requests of this batch on the same key count too
-  r.allowed = r.st.sum + r.st.pending + need <= r.limit
-  if r.allowed and r.hits > 0 then
-    r.st.pending = r.st.pending + r.hits
-  end
-  if r.veto and not r.allowed then
-    vetoed = true
-  end
-  reqs[i] = r
 end
 
-local record = not dry and not vetoed
-if record then
-  for i = 1, n do
-    local r = reqs[i]
-    if r.allowed and r.hits > 0 then
-      local st = r.st
-      redis.call('HINCRBY', KEYS[i], st.e, r.hits)
-      st.counts[st.e] = (st.counts[st.e] or 0) + r.hits
-      st.sum = st.sum + r.hits
-      st.added = st.added + 1
-      r.recorded = true
+-- answer is a request's answer on its counter, with window.Store's answers
+-- for a key that holds no counter (created only by hits that may fit).
+local function answer(q, hits)
+  local st, limit = q.st, q.limit
+  if not st.exists then
+    if hits == 0 then
+      return {allowed = limit > 0, remaining = limit, reset = 0, bucket = 0}
+    elseif hits > limit then
+      return {remaining = limit, reset = q.winNs, bucket = 0}
     end
+    st.exists = true
+    st.created = true
   end
-  for key, st in pairs(states) do
-    if st.added > 0 then
-      -- the newest bucket is counted until (e+k+1)*b: at most a window and
-      -- a bucket from now
-      redis.call('PEXPIRE', key, math.ceil((st.k + 1) * st.b / 1000))
-    end
-  end
+  return q.impl.allow(st, hits, limit)
 end
 
--- answers, from the final state of each counter
+local vetoed = false
 local out = {}
 for i = 1, n do
-  local r, st = reqs[i], reqs[i].st
-  local e, k, b = st.e, st.k, st.b
-  local remaining = r.limit - st.sum
-  if remaining < 0 then
-    remaining = 0
-  end
-  local reset = 0
-  if r.allowed then
-    -- until every counted hit has aged out: the newest non-empty bucket
-    for x = e, e - k, -1 do
-      if st.counts[x] then
-        reset = (x + k + 1) * b - now
-        break
-      end
-    end
-  elseif r.need > r.limit then
-    reset = k * b -- no window can ever take it: the full window length
-  else
-    -- until enough old buckets leave that the request would pass
-    reset = (e + k + 1) * b - now
-    local freed = 0
-    for x = e - k, e do
-      freed = freed + (st.counts[x] or 0)
-      if st.sum - freed + r.need <= r.limit then
-        reset = (x + k + 1) * b - now
-        break
-      end
+  local q = reqs[i]
+  if not q.neg then
+    local r = answer(q, q.hits)
+    out[i] = r
+    if q.veto and not r.allowed then
+      vetoed = true
     end
   end
-  if reset < 0 then
-    reset = 0
-  end
-  local a = 5 * (i - 1)
-  out[a + 1] = r.allowed and 1 or 0
-  out[a + 2] = r.recorded and 1 or 0
-  out[a + 3] = remaining
-  out[a + 4] = reset
-  out[a + 5] = e
 end
-return out
+for i = 1, n do
+  local q = reqs[i]
+  if q.neg then
+    if vetoed or dry or not q.st.exists then
+      out[i] = answer(q, 0)
+    else
+      q.impl.refund(q.st, q.hits, q.limit)
+      out[i] = q.impl.allow(q.st, 0, q.limit)
+    end
+  end
+end
+
+if vetoed or dry then
+  for i = 1, n do
+    local r, q = out[i], reqs[i]
+    if r.recorded then
+      r.recorded = false
+      r.remaining = math.min(r.remaining + q.hits, q.limit)
+    end
+  end
+  -- a counter created by hits that were then taken back stays, empty, as
+  -- in window.Store (its answers differ from a missing key's)
+  if not dry then
+    for key, st in pairs(states) do
+      if st.created and st.alg == 1 then
+        redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))
+        redis.call('PEXPIRE', key, math.ceil(st.w / 1000000) + 1)
+      elseif st.created and st.alg == 2 then
+        st.cnt, st.dirty = 0, true
+        FW.write(key, st)
+      end
+    end
+  end
+else
+  for key, st in pairs(states) do
+    algs[st.alg].write(key, st)
+  end
+end
+
+local reply = {}
+for i = 1, n do
+  local r, a = out[i], 5 * (i - 1)
+  reply[a + 1] = r.allowed and 1 or 0
+  reply[a + 2] = r.recorded and 1 or 0
+  reply[a + 3] = r.remaining
+  reply[a + 4] = r.reset
+  reply[a + 5] = r.bucket
+end
+return reply

@@ -77,6 +77,15 @@ func (c *overLimitCache) put(key string, now, reset time.Duration, limit, need, 
 	c.bytes += cost
 }
 
+// forget drops what is known about key.
+func (c *overLimitCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, found := c.m[key]; found {
+		c.delete(key)
+	}
+}
+
 // len returns the number of entries and their estimated bytes.
 func (c *overLimitCache) len() (entries, bytes int) {
 	c.mu.Lock()

@@ -295,6 +295,9 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		if err := checkSpec(reqs[i].Spec); err != nil {
 			return nil, fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, err)
 		}
+		if reqs[i].Algorithm > window.FixedWindow {
+			return nil, fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
+		}
 	}
 
 	// The local cache answers keys known to be over their limit.
@@ -305,6 +308,13 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		now = s.clock.Now()
 		for i := range reqs {
 			r := &reqs[i]
+			if r.Negative {
+				// A refund is never refused, and frees quota the cache
+				// may have seen exhausted.
+				s.cache.forget(r.Key)
+				send = append(send, i)
+				continue
+			}
 			if rem, reset, ok := s.cache.get(r.Key, now, min(r.Limit, maxLimit), need(r.Hits)); ok {
 				s.metrics.cacheHits.Inc()
 				results[i] = window.Result{Remaining: rem, Reset: reset}
@@ -345,7 +355,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 
 	if s.cache != nil {
 		for _, i := range send {
-			if r := &results[i]; !r.Allowed {
+			if r := &results[i]; !r.Allowed && !reqs[i].Negative {
 				q := &reqs[i]
 				s.cache.put(q.Key, now, r.Reset, min(q.Limit, maxLimit), need(q.Hits), r.Remaining)
 			}
@@ -408,10 +418,41 @@ func checkSpec(sp window.Spec) error {
 	return nil
 }
 
-// redisKey returns the Redis key of a counter: its hash tag is the whole
-// Request.Key, so the slot depends on the key alone.
+// redisKey returns the Redis key of a sliding-window counter: its hash tag
+// is the whole Request.Key, so the slot depends on the key alone.
 func (s *Store) redisKey(key string) string {
 	return s.prefix + "{" + key + "}"
+}
+
+// counterKey returns the Redis key of req's counter: redisKey, with a
+// suffix naming the algorithm for the token bucket (":tb") and the fixed
+// window (":fw"), so that a key never meets a layout it was not written
+// with. The hash tag, hence the slot, is the same for every algorithm.
+func (s *Store) counterKey(req *window.Request) string {
+	switch req.Algorithm {
+	case window.TokenBucket:
+		return s.redisKey(req.Key) + ":tb"
+	case window.FixedWindow:
+		return s.redisKey(req.Key) + ":fw"
+	}
+	return s.redisKey(req.Key)
+}
+
+// flag renders a bool as a script argument.
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// nowArg is the script's time argument: "" (Redis's TIME) unless a test
+// injected a time.
+func (s *Store) nowArg() string {
+	if s.nowMicros != nil {
+		return strconv.FormatInt(s.nowMicros(), 10)
+	}
+	return ""
 }
 
 // group is the requests of one script call (one hash slot on Cluster).
@@ -441,50 +482,83 @@ next:
 }
 
 // allow runs the admission script for reqs[send], writing results, in one
-// round trip.
+// round trip. The one exception is a Cluster batch spanning several slots
+// with both a Veto request and a refund: refunds must not apply if a Veto
+// in another slot refuses, so they are checked in the first round trip and
+// applied in a second one only if nothing was vetoed.
 func (s *Store) allow(ctx context.Context, reqs []window.Request, results []window.Result, send []int, dry bool) error {
 	keys := make([]string, len(reqs))
 	for _, i := range send {
-		keys[i] = s.redisKey(reqs[i].Key)
-	}
-	now := ""
-	if s.nowMicros != nil {
-		now = strconv.FormatInt(s.nowMicros(), 10)
+		keys[i] = s.counterKey(&reqs[i])
 	}
 	gs := s.groups(keys, send)
+	var refunds []int
+	if len(gs) > 1 && !dry {
+		veto := false
+		for _, i := range send {
+			veto = veto || reqs[i].Veto && !reqs[i].Negative
+			if reqs[i].Negative {
+				refunds = append(refunds, i)
+			}
+		}
+		if !veto {
+			refunds = nil
+		}
+	}
+	first := reqs
+	if len(refunds) > 0 {
+		// Phase one: every refund is a check.
+		first = make([]window.Request, len(reqs))
+		copy(first, reqs)
+		for _, i := range refunds {
+			first[i].Negative, first[i].Hits = false, 0
+		}
+	}
+	vetoed, err := s.runAllow(ctx, first, results, keys, gs, dry)
+	if err != nil {
+		return err
+	}
+	if vetoed && len(gs) > 1 {
+		return s.takeBack(ctx, reqs, results, send)
+	}
+	if len(refunds) > 0 {
+		_, err = s.runAllow(ctx, reqs, results, keys, s.groups(keys, refunds), false)
+	}
+	return err
+}
+
+// runAllow sends one allow script call per group (one pipeline), writes
+// the results and reports whether a Veto request was refused.
+func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []window.Result, keys []string, gs []group, dry bool) (bool, error) {
+	now := s.nowArg()
 	calls := make([]call, len(gs))
 	for g, gr := range gs {
 		c := &calls[g]
 		c.keys = make([]string, len(gr.idx))
-		c.args = make([]any, 2, 2+5*len(gr.idx))
-		c.args[0], c.args[1] = "0", now
-		if dry {
-			c.args[0] = "1"
-		}
+		c.args = make([]any, 2, 2+7*len(gr.idx))
+		c.args[0], c.args[1] = flag(dry), now
 		for j, i := range gr.idx {
 			r := &reqs[i]
 			c.keys[j] = keys[i]
-			veto := "0"
-			if r.Veto {
-				veto = "1"
-			}
 			c.args = append(c.args,
 				int64(r.Spec.BucketLength()/time.Microsecond),
 				r.Spec.Buckets(),
 				min(r.Limit, maxLimit),
 				min(r.Hits, maxLimit+1), // beyond the limit either way
-				veto)
+				flag(r.Veto),
+				int(r.Algorithm),
+				flag(r.Negative))
 		}
 	}
 	if err := s.run(ctx, "do", allowScript, calls); err != nil {
-		return err
+		return false, err
 	}
 
 	vetoed := false
 	for g, gr := range gs {
 		vals, err := calls[g].cmd.Int64Slice()
 		if err != nil || len(vals) != 5*len(gr.idx) {
-			return fmt.Errorf("unexpected script reply %v: %w", calls[g].cmd.Val(), err)
+			return false, fmt.Errorf("unexpected script reply %v: %w", calls[g].cmd.Val(), err)
 		}
 		for j, i := range gr.idx {
 			v := vals[5*j : 5*j+5]
@@ -492,18 +566,15 @@ func (s *Store) allow(ctx context.Context, reqs []window.Request, results []wind
 				Allowed:   v[0] == 1,
 				Recorded:  v[1] == 1,
 				Remaining: uint64(v[2]),
-				Reset:     time.Duration(v[3]) * time.Microsecond,
+				Reset:     time.Duration(v[3]), // ns
 				Bucket:    v[4],
 			}
-			if reqs[i].Veto && !results[i].Allowed {
+			if reqs[i].Veto && !reqs[i].Negative && !results[i].Allowed {
 				vetoed = true
 			}
 		}
 	}
-	if vetoed && len(gs) > 1 {
-		return s.takeBack(ctx, reqs, results, send)
-	}
-	return nil
+	return vetoed, nil
 }
 
 // takeBack undoes the hits that slots other than a refusing Veto's recorded
@@ -542,7 +613,7 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 	for i := range reqs {
 		r := results[i]
 		switch {
-		case !r.Recorded || reqs[i].Hits == 0:
+		case !r.Recorded || reqs[i].Hits == 0 || reqs[i].Negative || checkSpec(reqs[i].Spec) != nil:
 		case r.Bucket < 0:
 			r.Bucket = localBucket(r.Bucket)
 			localReqs = append(localReqs, reqs[i])
@@ -574,17 +645,21 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 func (s *Store) undo(ctx context.Context, reqs []window.Request, results []window.Result, idx []int) error {
 	keys := make([]string, len(reqs))
 	for _, i := range idx {
-		keys[i] = s.redisKey(reqs[i].Key)
+		keys[i] = s.counterKey(&reqs[i])
 	}
 	gs := s.groups(keys, idx)
+	now := s.nowArg()
 	calls := make([]call, len(gs))
 	for g, gr := range gs {
 		c := &calls[g]
 		c.keys = make([]string, len(gr.idx))
-		c.args = make([]any, 0, 2*len(gr.idx))
+		c.args = make([]any, 1, 1+6*len(gr.idx))
+		c.args[0] = now
 		for j, i := range gr.idx {
+			r := &reqs[i]
 			c.keys[j] = keys[i]
-			c.args = append(c.args, results[i].Bucket, reqs[i].Hits)
+			c.args = append(c.args, int(r.Algorithm), results[i].Bucket, min(r.Hits, maxLimit),
+				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
 		}
 	}
 	return s.run(ctx, "undo", undoScript, calls)

@@ -1,20 +1,107 @@
--- Takes back hits recorded by allow.lua, never below zero.
+-- Takes back hits recorded by allow.lua, never below zero, as window.Store's
+-- Undo does for each algorithm (see allow.lua for the key layouts).
 --
--- KEYS[i]        counter i (a hash of bucket epoch -> hits)
--- ARGV[2*i-1]    the bucket epoch the hits were recorded in
--- ARGV[2*i]      the hits to take back
+-- ARGV[1]  the time in microseconds, or "" to read Redis's TIME.
+-- KEYS[i]  counter i
+-- ARGV[2+6*(i-1) .. 7+6*(i-1)], for counter i: algorithm (0 sliding,
+--          1 token bucket, 2 fixed window), the bucket the hits were
+--          recorded in (Result.Bucket), the hits, the limit, bucket length
+--          in microseconds, buckets per window.
 --
--- A bucket that already left the window (and was pruned or expired) holds
--- nothing to take back.
+-- Sliding window: the hits come off the bucket they were recorded in; a
+-- bucket that already left the window (pruned or expired) holds nothing to
+-- take back. Token bucket: the TAT moves back by the hits' emission
+-- intervals, never before now (a bucket never fills beyond full). Fixed
+-- window: the hits come off the window they were recorded in, if it is
+-- still the newest.
+
+if redis.replicate_commands then
+  pcall(redis.replicate_commands)
+end
+
+local now -- microseconds
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+
+local function idiv(a, c)
+  return (a - math.fmod(a, c)) / c
+end
+
+local function parseNs(s)
+  if s == nil or s == false then
+    return nil
+  end
+  if #s <= 3 then
+    return 0, tonumber(s)
+  end
+  return tonumber(string.sub(s, 1, -4)), tonumber(string.sub(s, -3))
+end
+
+local function formatNs(us, rem)
+  if us == 0 then
+    return string.format('%d', rem)
+  end
+  return string.format('%.0f%03d', us, rem)
+end
+
 for i = 1, #KEYS do
-  local key, field, hits = KEYS[i], ARGV[2 * i - 1], tonumber(ARGV[2 * i])
-  local c = tonumber(redis.call('HGET', key, field))
-  if c then
-    if c > hits then
-      redis.call('HINCRBY', key, field, -hits)
-    else
-      redis.call('HDEL', key, field)
+  local a = 2 + 6 * (i - 1)
+  local key, alg, field = KEYS[i], ARGV[a], ARGV[a + 1]
+  local hits, limit = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local b, k = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  if alg == '0' then
+    local c = tonumber(redis.call('HGET', key, field))
+    if c then
+      if c > hits then
+        redis.call('HINCRBY', key, field, -hits)
+      else
+        redis.call('HDEL', key, field)
+      end
     end
+  elseif alg == '1' then
+    local v = redis.call('HMGET', key, 'tat', 'seen')
+    local tatUs, tatRem = parseNs(v[1])
+    local seenUs = parseNs(v[2])
+    if tatUs and hits > 0 and limit > 0 then
+      local t = now
+      if seenUs and seenUs > t then
+        t = seenUs
+      end
+      local d = (tatUs - t) * 1000 + tatRem -- tat - t, ns
+      if d > 0 then
+        local w = k * b * 1000
+        local iv = idiv(w + limit - 1, limit)
+        d = d - math.min(hits, limit) * iv
+        if d < 0 then
+          d = 0
+        end
+        local rem = math.fmod(d, 1000)
+        redis.call('HSET', key, 'tat', formatNs(t + (d - rem) / 1000, rem), 'seen', formatNs(t, 0))
+      end
+    end
+  elseif alg == '2' then
+    -- only while the window recorded in is the newest one
+    local w = k * b
+    local cur = idiv(now, w)
+    local fields = redis.call('HGETALL', key)
+    for j = 1, #fields, 2 do
+      local f = tonumber(fields[j])
+      if f and f > cur then
+        cur = f
+      end
+    end
+    if tonumber(field) == cur then
+      local c = tonumber(redis.call('HGET', key, field))
+      if c and c > 0 then
+        redis.call('HINCRBY', key, field, -math.min(c, hits))
+      end
+    end
+  else
+    return redis.error_reply('unknown algorithm ' .. tostring(alg))
   end
 end
 return 0
