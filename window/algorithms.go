@@ -28,6 +28,16 @@ const (
 	// counted. Pick it to reproduce that service's behaviour exactly.
 	// Buckets are ignored.
 	FixedWindow
+	// SlidingLog is the exact sliding window: one timestamp per admitted
+	// hit, at most limit hits in any window of length Spec.Length() and
+	// no false rejects (a refusal always means the real window is full).
+	// Memory is 8 bytes per unit of limit (in a Store, with map entry and
+	// a 24-byte key: 232 bytes per key at limit 10, 248 at 12, 1048 at 100;
+	// BenchmarkBytesPerKey), so limits are capped at MaxLogLimit. Pick it
+	// for small limits (5 per minute per user, 10 per second per IP) that
+	// must be exact; it is the one algorithm with a per-key lock (see
+	// LogCounter). Buckets are ignored.
+	SlidingLog
 )
 
 // String returns the algorithm's name in rule files.
@@ -39,11 +49,14 @@ func (a Algorithm) String() string {
 		return "token_bucket"
 	case FixedWindow:
 		return "fixed_window"
+	case SlidingLog:
+		return "sliding_log"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// meter is what a Store keeps per key: one of Counter, GCRA, FixedCounter.
+// meter is what a Store keeps per key: one of Counter, GCRA, FixedCounter,
+// LogCounter.
 type meter interface {
 	AllowAt(now time.Duration, hits, limit uint64) Result
 	// undo takes back hits recorded in bucket under limit.
@@ -61,6 +74,8 @@ func newMeter(spec Spec, alg Algorithm) meter {
 		return NewGCRA(spec)
 	case FixedWindow:
 		return NewFixedCounter(spec)
+	case SlidingLog:
+		return NewLogCounter(spec)
 	}
 	return NewCounter(spec)
 }

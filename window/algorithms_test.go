@@ -142,7 +142,7 @@ func TestFixedCounter(t *testing.T) {
 // Every algorithm admits exactly limit at one instant under concurrency.
 func TestAlgorithmsAtomicAdmission(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
-	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} {
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			m := newMeter(spec, alg)
 			var admitted atomic.Uint64

@@ -59,9 +59,14 @@
 // # Other algorithms
 //
 // A Request may choose TokenBucket (GCRA, one timestamp per key: bursts of
-// up to the limit, exact retry times) or FixedWindow (envoyproxy/ratelimit's
-// epoch-aligned windows, without counting refused hits) instead of the
-// default SlidingWindow; see Algorithm.
+// up to the limit, exact retry times), FixedWindow (envoyproxy/ratelimit's
+// epoch-aligned windows, without counting refused hits) or SlidingLog (the
+// exact sliding window: one timestamp per admitted hit, no overshoot and no
+// false rejects, memory proportional to the limit, limits up to
+// MaxLogLimit) instead of the default SlidingWindow; see Algorithm. The
+// bucketed default trades a few per cent of the quota (a hit counts for up
+// to W+W/k) for a size independent of the limit; SlidingLog is exact and
+// fits in the same memory up to a limit of about 12 (BenchmarkBytesPerKey).
 //
 // # Store
 //
@@ -130,6 +135,17 @@ type Result struct {
 	Reset time.Duration
 	// Bucket identifies the bucket the hits were recorded in, for Undo.
 	Bucket int64
+}
+
+// AlgorithmChecker is implemented by a Limiter that can say which
+// algorithms it serves. A distributed backend whose scripts do not have
+// every Algorithm must implement it, so that rules asking for the others are
+// rejected when they are loaded (package service checks it) rather than
+// served by another algorithm; a Limiter that does not implement it is
+// taken to serve every Algorithm.
+type AlgorithmChecker interface {
+	// SupportsAlgorithm reports whether the Limiter serves a.
+	SupportsAlgorithm(a Algorithm) bool
 }
 
 // Limiter admits batches of requests. The in-memory Store implements it; a

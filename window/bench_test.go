@@ -91,11 +91,26 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			b.ReportMetric(perKey, "B/key")
 		})
 	}
+	// The sliding log's ring holds one timestamp per unit of limit.
+	for _, limit := range []uint64{5, 10, 12, 13, 20, 100} {
+		b.Run(fmt.Sprintf("%v/limit=%d", SlidingLog, limit), func(b *testing.B) {
+			var perKey float64
+			for range b.N {
+				perKey = bytesPerKeyAt(b, 1, SlidingLog, limit, 20_000)
+			}
+			b.ReportMetric(perKey, "B/key")
+		})
+	}
 }
 
 // bytesPerKey measures the heap growth per key of a Store holding n keys
-// of algorithm alg with k buckets each.
+// of algorithm alg with k buckets each, at limit 10.
 func bytesPerKey(tb testing.TB, k int, alg Algorithm, n int) float64 {
+	return bytesPerKeyAt(tb, k, alg, 10, n)
+}
+
+// bytesPerKeyAt is bytesPerKey at the given limit.
+func bytesPerKeyAt(tb testing.TB, k int, alg Algorithm, limit uint64, n int) float64 {
 	spec := mustSpec(tb, time.Minute, k)
 	keys := make([]string, n)
 	for i := range keys {
@@ -107,7 +122,7 @@ func bytesPerKey(tb testing.TB, k int, alg Algorithm, n int) float64 {
 	s := NewStore(&fakeClock{})
 	res := make([]Result, 1)
 	for _, key := range keys {
-		s.DoAt(context.Background(), 0, []Request{{Key: key, Spec: spec, Limit: 10, Hits: 1, Algorithm: alg}}, res)
+		s.DoAt(context.Background(), 0, []Request{{Key: key, Spec: spec, Limit: limit, Hits: 1, Algorithm: alg}}, res)
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -182,7 +197,7 @@ func BenchmarkStoreDoOneKey(b *testing.B) {
 // BenchmarkAlgorithms is AllowAt of each algorithm on one key, time passed in.
 func BenchmarkAlgorithms(b *testing.B) {
 	spec := mustSpec(b, time.Second, DefaultBuckets)
-	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} {
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} { // SlidingLog: BenchmarkLogCounterAllowAt
 		b.Run(alg.String(), func(b *testing.B) {
 			m := newMeter(spec, alg)
 			var clock atomic.Int64
@@ -190,6 +205,27 @@ func BenchmarkAlgorithms(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					m.AllowAt(time.Duration(clock.Add(1000)), 1, 1<<31)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkLogCounterAllowAt is a check-and-add of the sliding log on one
+// key with the time passed in, at limits 10 and 100 per 1s window, the clock
+// moving so that about 1.5x the limit is offered per window (a mix of
+// admissions, refusals and expiries). Run with -cpu 1,2 for 1 and 2
+// goroutines.
+func BenchmarkLogCounterAllowAt(b *testing.B) {
+	for _, limit := range []uint64{10, 100} {
+		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
+			l := NewLogCounter(mustSpec(b, time.Second, 1))
+			step := int64(time.Second) / int64(limit) * 2 / 3
+			var clock atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					l.AllowAt(time.Duration(clock.Add(step)), 1, limit)
 				}
 			})
 		})

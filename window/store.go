@@ -118,6 +118,14 @@ func (s *Store) Stats() StoreStats {
 // Spec rather than one built by NewSpec.
 var ErrInvalidSpec = errors.New("window: invalid Spec (build it with NewSpec)")
 
+// ErrLogLimit is returned (wrapped) for a SlidingLog Request whose Limit is
+// above MaxLogLimit.
+var ErrLogLimit = fmt.Errorf("window: sliding_log limit above its maximum of %d (one 8-byte timestamp per hit)", MaxLogLimit)
+
+// SupportsAlgorithm reports whether a is an Algorithm the Store serves: all
+// of them (see AlgorithmChecker).
+func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= SlidingLog }
+
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
 // nothing is recorded (allowed requests are admitted in order, then undone);
@@ -145,8 +153,11 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 		if !reqs[i].Spec.valid() {
 			return fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, ErrInvalidSpec)
 		}
-		if reqs[i].Algorithm > FixedWindow {
+		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
 			return fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
+		}
+		if reqs[i].Algorithm == SlidingLog && reqs[i].Limit > MaxLogLimit {
+			return fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, ErrLogLimit)
 		}
 	}
 	vetoed, refunds := false, false
@@ -201,13 +212,16 @@ func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) erro
 	return nil
 }
 
-// CountAt returns the hits counted for key at now by a SlidingWindow
-// counter (0 for an unknown key or another algorithm).
+// CountAt returns the hits counted for key at now by a SlidingWindow or
+// SlidingLog counter (0 for an unknown key or another algorithm).
 func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	sh := s.shard(key)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	if c, ok := sh.m[key].(*Counter); ok {
+	switch c := sh.m[key].(type) {
+	case *Counter:
+		return c.CountAt(now)
+	case *LogCounter:
 		return c.CountAt(now)
 	}
 	return 0
