@@ -73,7 +73,10 @@ type Settings struct {
 	// InvalidArgument before it reaches the limiter.
 
 	// MaxRequestBytes is the largest gRPC message (and /json body) accepted.
-	MaxRequestBytes int `envconfig:"MAX_REQUEST_BYTES" default:"65536"`
+	// A rate-limit request is a few hundred bytes; the bound leaves room for
+	// access-log batches (Envoy buffers 16 KiB by default) and ext_proc
+	// headers.
+	MaxRequestBytes int `envconfig:"MAX_REQUEST_BYTES" default:"1048576"`
 	// MaxDescriptors is the most descriptors in one RateLimitRequest.
 	MaxDescriptors int `envconfig:"MAX_DESCRIPTORS_PER_REQUEST" default:"64"`
 	// MaxEntries is the most entries in one descriptor.

@@ -109,7 +109,7 @@ func TestJSONEndpoint(t *testing.T) {
 		{"unknown field", `{"domain":"test","descriptorz":[]}`, http.StatusBadRequest},
 		{"empty domain", `{"domain":"","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusBadRequest},
 		{"no descriptors", `{"domain":"test"}`, http.StatusBadRequest},
-		{"too large", `{"domain":"` + strings.Repeat("a", 70000) + `"}`, http.StatusRequestEntityTooLarge},
+		{"too large", `{"domain":"` + strings.Repeat("a", 1<<20) + `"}`, http.StatusRequestEntityTooLarge},
 		{"unlimited", `{"domain":"test","descriptors":[{"entries":[{"key":"path","value":"/free"}]}]}`, http.StatusOK},
 	} {
 		if code, body := post(t, url, c.body); code != c.want {
