@@ -247,7 +247,14 @@ func (b *builder) addLimits(f *rawFile, d *rawDescriptor, rule *Rule) {
 			rule.unlimitedName = rl.name
 			continue
 		}
-		if l, ok := b.limit(f, rl); ok {
+		l, ok := b.limit(f, rl)
+		if ok && l.Algorithm == SlidingLog && l.RequestsPerUnit > window.MaxLogLimit {
+			b.errorf(f.name, at(rl.lines, "requests_per_unit", rl.line),
+				"rule %s: requests_per_unit %d is above the sliding_log maximum of %d (it keeps one 8-byte timestamp per hit); use sliding_window for large limits",
+				rule.ID, l.RequestsPerUnit, window.MaxLogLimit)
+			ok = false
+		}
+		if ok {
 			rule.Limits = append(rule.Limits, l)
 		}
 	}

@@ -42,7 +42,8 @@
 //     largest unit that divides it, and a sub-second window reports SECOND);
 //     buckets (sliding-window buckets per window, which must divide the
 //     window length exactly); algorithm (sliding_window, the default,
-//     token_bucket or fixed_window).
+//     token_bucket, fixed_window, or sliding_log with requests_per_unit at
+//     most window.MaxLogLimit).
 //   - circuit_breaker: a breaker fed by observed responses of the requests
 //     matching the descriptor (see Breaker): strategy slow_request_ratio
 //     (needs max_response_time), error_ratio or error_count; threshold (a

@@ -36,7 +36,8 @@ descriptors:
         buckets: 30
         algorithm: token_bucket
       - window: 90m
-        requests_per_unit: 1000
+        requests_per_unit: 10000 # the sliding_log maximum
+        algorithm: sliding_log
       - window: 1500ms
         requests_per_unit: 2
         buckets: 3
@@ -73,7 +74,7 @@ func TestParseExtensions(t *testing.T) {
 	wantLimits := []Limit{
 		{Name: "per_user", RequestsPerUnit: 10, Unit: UnitSecond, UnitMultiplier: 1},
 		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: TokenBucket},
-		{RequestsPerUnit: 1000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute},
+		{RequestsPerUnit: 10000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute, Algorithm: SlidingLog},
 		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Buckets: 3, Algorithm: FixedWindow},
 	}
 	if !reflect.DeepEqual(user.Limits, wantLimits) {

@@ -8,10 +8,13 @@ import (
 type Algorithm string
 
 // Algorithms a rule may choose; the empty Algorithm means SlidingWindow.
+// A SlidingLog limit keeps one timestamp per hit, so its requests_per_unit
+// may not exceed window.MaxLogLimit.
 const (
 	SlidingWindow Algorithm = "sliding_window"
 	TokenBucket   Algorithm = "token_bucket"
 	FixedWindow   Algorithm = "fixed_window"
+	SlidingLog    Algorithm = "sliding_log"
 )
 
 // Limit is one rate limit of a rule.

@@ -408,10 +408,10 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 		case "algorithm":
 			s, _ := r.str(name, val)
 			switch a := Algorithm(s); a {
-			case SlidingWindow, TokenBucket, FixedWindow:
+			case SlidingWindow, TokenBucket, FixedWindow, SlidingLog:
 				l.algorithm = a
 			default:
-				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket or fixed_window)", s)
+				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket, fixed_window or sliding_log)", s)
 			}
 		}
 	})
