@@ -90,6 +90,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket}
   - key: fixed
     rate_limit: {unit: second, requests_per_unit: 2, algorithm: fixed_window}
+  - key: log
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: sliding_log}
 `
 
 const otherRules = `

@@ -75,6 +75,18 @@ func TestShouldRateLimit(t *testing.T) {
 			},
 		},
 		{
+			name: "sliding log: exact to the nanosecond, no bucket granularity",
+			steps: []step{
+				{req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
+				{at: 300 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
+				{at: 999 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, ms)}},
+				// The hit of 0 leaves at 1s exactly: one more passes, the next waits for the hit of 300ms.
+				{at: 1000 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
+				{at: 1000 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 300*ms)}},
+				{at: 1300 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
+			},
+		},
+		{
 			name: "is_negative_hits refunds, is never refused, and is not applied to a refused request",
 			steps: []step{
 				{req: reqHits("test", 3, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
@@ -425,7 +437,30 @@ descriptors:
 	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
 		t.Fatalf("CheckRules(testRules) = %v", err)
 	}
+	// A backend that does not serve an algorithm (window.AlgorithmChecker)
+	// gets the rules that ask for it rejected, with rule, file and line.
+	logRules := mustParse(t, `
+domain: d
+descriptors:
+  - key: sw
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: lg
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_log}
+`)
+	if err := newHarness(t, nil, nil).svc.CheckRules(logRules); err != nil {
+		t.Fatalf("CheckRules(sliding_log) on the in-memory store = %v", err)
+	}
+	noLog := newHarness(t, nil, func(o *Options) { o.Limiter = noLogLimiter{o.Limiter} })
+	err = noLog.svc.CheckRules(logRules)
+	if err == nil || err.Error() != "rulesa.yaml:6: rule d.lg, limit 1: algorithm sliding_log is not supported by the rate-limit backend" {
+		t.Fatalf("CheckRules(sliding_log) on a backend without it = %v", err)
+	}
 }
+
+// noLogLimiter is a Limiter that does not serve window.SlidingLog.
+type noLogLimiter struct{ window.Limiter }
+
+func (noLogLimiter) SupportsAlgorithm(a window.Algorithm) bool { return a != window.SlidingLog }
 
 // failingLimiter fails every call with err.
 type failingLimiter struct{ err error }

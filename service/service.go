@@ -17,6 +17,8 @@
 //     aged out, i.e. until the full quota is available again (0 when nothing
 //     is counted).
 //
+// For sliding_log limits (an exact log of the hits: no bucket granularity)
+// the remaining quota and both resets are exact to the nanosecond.
 // For token_bucket limits the remaining quota is the tokens left and the
 // reset is the exact refill time; for fixed_window limits the reset is the
 // end of the current window.
@@ -231,8 +233,10 @@ func (s *Service) Rules() *descriptors.Set {
 // CheckRules reports every rule of set that this service cannot serve as
 // written, as errors.Join of *descriptors.Error; nil when the whole set can
 // be served: a sliding window its bucket count does not divide, an unknown
-// algorithm, or (with DynamicMetadata) metadata that has no protobuf Struct
-// form.
+// algorithm, an algorithm the Limiter does not serve (when it implements
+// window.AlgorithmChecker; the in-memory window.Store serves them all), a
+// sliding_log limit above window.MaxLogLimit, or (with DynamicMetadata)
+// metadata that has no protobuf Struct form.
 func (s *Service) CheckRules(set *descriptors.Set) error {
 	if set == nil {
 		return nil
@@ -338,6 +342,17 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			info.limits = nil
 			return info
 		}
+		if c, ok := s.limiter.(window.AlgorithmChecker); ok && !c.SupportsAlgorithm(alg) {
+			info.err = fmt.Errorf("rule %s, limit %d: algorithm %s is not supported by the rate-limit backend", r.ID, i+1, alg)
+			info.limits = nil
+			return info
+		}
+		if alg == window.SlidingLog && l.RequestsPerUnit > window.MaxLogLimit {
+			// The loader rejects these first; kept for sets built otherwise.
+			info.err = fmt.Errorf("rule %s, limit %d: requests_per_unit %d is above the sliding_log maximum of %d", r.ID, i+1, l.RequestsPerUnit, window.MaxLogLimit)
+			info.limits = nil
+			return info
+		}
 		buckets := l.Buckets
 		switch {
 		case alg != window.SlidingWindow:
@@ -395,6 +410,8 @@ func windowAlgorithm(a descriptors.Algorithm) (window.Algorithm, bool) {
 		return window.TokenBucket, true
 	case descriptors.FixedWindow:
 		return window.FixedWindow, true
+	case descriptors.SlidingLog:
+		return window.SlidingLog, true
 	}
 	return 0, false
 }
