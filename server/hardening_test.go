@@ -3,12 +3,15 @@ package server_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -16,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/server"
@@ -269,4 +273,50 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	})
 	http.DefaultClient.CloseIdleConnections()
 	goleak.VerifyNone(t, before)
+}
+
+// TestShutdownLetsOpenExtProcStreamsFinish: an ext_proc stream opened
+// before SIGTERM (request headers sent, response pending) completes during
+// the drain, and Run returns once it has.
+func TestShutdownLetsOpenExtProcStreamsFinish(t *testing.T) {
+	ts := start(t, map[string]string{"breaker.yaml": breakerRules}, nil)
+	cc := ts.conn(t)
+	stream, err := extprocv3.NewExternalProcessorClient(cc).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: map[string]*structpb.Value{
+		"xds.cluster_name": structpb.NewStringValue("backend"),
+	}}}
+	if err := stream.Send(&extprocv3.ProcessingRequest{ObservabilityMode: true, Attributes: attrs,
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{}}}); err != nil {
+		t.Fatal(err)
+	}
+	// HTTP/2 frames arrive in order: once a later call on the same
+	// connection is answered, the server has registered the stream.
+	healthStatus(t, cc, "")
+	ts.stop()
+	eventually(t, "the listener to close", func() bool {
+		_, err := http.Get(ts.httpURL("/healthcheck"))
+		return err != nil
+	})
+	select {
+	case err := <-ts.done:
+		t.Fatalf("Run returned (%v) with an ext_proc stream open", err)
+	default:
+	}
+	if err := stream.Send(&extprocv3.ProcessingRequest{ObservabilityMode: true,
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("503")}}},
+		}}}); err != nil {
+		t.Fatalf("sending response headers during the drain: %v", err)
+	}
+	stream.CloseSend()
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Errorf("stream end during the drain: %v, want a clean end", err)
+	}
+	if err := <-ts.done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	ts.done <- nil
 }
