@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -127,4 +129,225 @@ func describe(batch []window.Request) string {
 		out += fmt.Sprintf("\n  {%s %v limit=%d hits=%d veto=%t negative=%t}", q.Algorithm, q.Spec.Length(), q.Limit, q.Hits, q.Veto, q.Negative)
 	}
 	return out
+}
+
+// TestMixedBatchOneRoundTrip: a batch mixing every algorithm, check-only
+// requests and a refund costs one round trip, and so does its Undo.
+func TestMixedBatchOneRoundTrip(t *testing.T) {
+	r := startRedis(t)
+	s := newTestStore(t, settingsFor(r.addr()), Options{HealthInterval: time.Hour})
+	waitHealthy(t, s)
+	rt := countRoundTrips(s)
+	sp := mustSpec(t, time.Minute, 10)
+	ctx := context.Background()
+	batch := []window.Request{
+		{Key: "rt_sw", Spec: sp, Limit: 10, Hits: 2, Veto: true},
+		{Key: "rt_tb", Spec: sp, Limit: 10, Hits: 3, Veto: true, Algorithm: window.TokenBucket},
+		{Key: "rt_fw", Spec: sp, Limit: 10, Hits: 4, Veto: true, Algorithm: window.FixedWindow},
+		{Key: "rt_fw", Spec: sp, Limit: 10, Hits: 0, Algorithm: window.FixedWindow},
+		{Key: "rt_sw", Spec: sp, Limit: 10, Hits: 1, Negative: true},
+	}
+	before := rt.n.Load()
+	res, err := s.Do(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load() - before; n != 1 {
+		t.Fatalf("mixed batch: %d round trips, want 1", n)
+	}
+	for i, want := range []uint64{8, 7, 6, 6, 9} {
+		if res[i].Remaining != want || !res[i].Allowed {
+			t.Errorf("result %d: %+v, want allowed with %d remaining", i, res[i], want)
+		}
+	}
+	before = rt.n.Load()
+	if err := s.Undo(ctx, batch, res); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load() - before; n != 1 {
+		t.Fatalf("mixed Undo: %d round trips, want 1", n)
+	}
+	// Undo took back the three admissions (the refund is not undone: it
+	// was not recorded); sliding: 2 - 1 (refund) - 2 (undo, floored) = 0.
+	check := []window.Request{batch[0], batch[1], batch[2]}
+	for i := range check {
+		check[i].Hits, check[i].Veto = 0, false
+	}
+	res, err = s.Do(ctx, check)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range res {
+		if c.Remaining != 10 {
+			t.Errorf("%s after Undo: %+v, want 10 remaining", check[i].Algorithm, c)
+		}
+	}
+}
+
+// TestVetoAcrossAlgorithms: a refused Veto request of any algorithm makes
+// the whole batch, whatever its algorithms, record nothing and apply no
+// refund; without the veto the others count.
+func TestVetoAcrossAlgorithms(t *testing.T) {
+	r := startRedis(t)
+	ft := &fakeTime{}
+	ft.set(base)
+	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	sp := mustSpec(t, time.Minute, 6)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	defer rdb.Close()
+	dump := func() map[string]map[string]string {
+		keys, err := rdb.Keys(ctx, "*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]map[string]string{}
+		for _, k := range keys {
+			m[k], err = rdb.HGetAll(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return m
+	}
+	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow}
+	for _, vetoer := range algs {
+		t.Run(vetoer.String(), func(t *testing.T) {
+			key := func(a window.Algorithm) string { return vetoer.String() + "_" + a.String() }
+			// Every counter holds 2 of 5; the vetoer's is full.
+			for _, a := range algs {
+				hits := uint64(2)
+				if a == vetoer {
+					hits = 5
+				}
+				res, err := s.Do(ctx, []window.Request{{Key: key(a), Spec: sp, Limit: 5, Hits: hits, Veto: true, Algorithm: a}})
+				if err != nil || !res[0].Recorded {
+					t.Fatalf("filling %s: %+v %v", a, res, err)
+				}
+			}
+			var batch []window.Request
+			for _, a := range algs {
+				if a != vetoer {
+					batch = append(batch,
+						window.Request{Key: key(a), Spec: sp, Limit: 5, Hits: 1, Veto: true, Algorithm: a},
+						window.Request{Key: key(a), Spec: sp, Limit: 5, Hits: 2, Negative: true, Algorithm: a})
+				}
+			}
+			batch = append(batch, window.Request{Key: key(vetoer), Spec: sp, Limit: 5, Hits: 1, Veto: true, Algorithm: vetoer})
+			before := dump()
+			res, err := s.Do(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, x := range res {
+				if x.Recorded {
+					t.Errorf("request %d recorded in a vetoed batch: %+v", i, x)
+				}
+			}
+			if res[len(res)-1].Allowed {
+				t.Fatal("the full counter allowed a hit")
+			}
+			if res[0].Remaining != 3 || !res[0].Allowed {
+				t.Errorf("vetoed admission answered %+v, want allowed, 3 remaining (nothing kept)", res[0])
+			}
+			if after := dump(); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Fatalf("a vetoed batch changed Redis:\nbefore %v\nafter  %v", before, after)
+			}
+
+			// Without the veto (shadow mode) the others count, and the
+			// refunds apply after the admissions: 2 + 1 - 2 = 1 counted.
+			batch[len(batch)-1].Veto = false
+			if _, err := s.Do(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range algs {
+				if a == vetoer {
+					continue
+				}
+				res, err := s.Do(ctx, []window.Request{{Key: key(a), Spec: sp, Limit: 5, Algorithm: a}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res[0].Remaining != 4 {
+					t.Errorf("%s after admit 1, refund 2: %+v, want 4 remaining", a, res[0])
+				}
+			}
+		})
+	}
+	// Every key carries a TTL: at most a window and a bucket (sliding), a
+	// window (token bucket), the window's end plus one window (fixed).
+	for k := range dump() {
+		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl <= 0 || ttl > 2*sp.Length() {
+			t.Errorf("TTL of %s: %v %v", k, ttl, err)
+		}
+	}
+}
+
+// TestClockStepsBack: when Redis's clock steps back (a failover to a node
+// whose clock is behind) no algorithm forgets or ignores hits: each stands
+// still at the newest time it has written.
+func TestClockStepsBack(t *testing.T) {
+	r := startRedis(t)
+	ft := &fakeTime{}
+	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	sp := mustSpec(t, 10*time.Second, 10)
+	ctx := context.Background()
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow} {
+		t.Run(a.String(), func(t *testing.T) {
+			do := func(hits uint64) window.Result {
+				t.Helper()
+				res, err := s.Do(ctx, []window.Request{{Key: "back_" + a.String(), Spec: sp, Limit: 4, Hits: hits, Veto: true, Algorithm: a}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res[0]
+			}
+			// 4 hits at 29.5 s (the last second of fixed window 2), then the
+			// clock goes back 5 s (to window 2's middle, and 5 buckets back).
+			ft.set(base + 29500*time.Millisecond)
+			if r := do(4); !r.Recorded {
+				t.Fatalf("filling: %+v", r)
+			}
+			ft.set(base + 24500*time.Millisecond)
+			r := do(1)
+			if r.Allowed {
+				t.Fatalf("a hit passed after the clock stepped back: %+v", r)
+			}
+			if r.Reset <= 5*time.Second {
+				t.Errorf("Reset %v: the time lost to the step back (5 s) must be waited out too", r.Reset)
+			}
+		})
+	}
+}
+
+// TestRefundClearsLocalCache: a refund makes the replica ask Redis again
+// for a key its over-limit cache had refused.
+func TestRefundClearsLocalCache(t *testing.T) {
+	r := startRedis(t)
+	ft := &fakeTime{}
+	ft.set(base)
+	st := settingsFor(r.addr())
+	st.LocalCacheSizeInBytes = 1 << 16
+	s := withFakeTime(newTestStore(t, st, Options{Clock: ft}), ft)
+	sp := mustSpec(t, time.Minute, 6)
+	ctx := context.Background()
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow} {
+		q := window.Request{Key: "cached_" + a.String(), Spec: sp, Limit: 3, Hits: 3, Veto: true, Algorithm: a}
+		if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded {
+			t.Fatalf("%s: %+v %v", a, res, err)
+		}
+		q.Hits = 1
+		if res, err := s.Do(ctx, []window.Request{q}); err != nil || res[0].Allowed {
+			t.Fatalf("%s over the limit: %+v %v", a, res, err)
+		}
+		refund := q
+		refund.Negative, refund.Hits = true, 2
+		res, err := s.Do(ctx, []window.Request{refund})
+		if err != nil || !res[0].Allowed || res[0].Remaining != 2 {
+			t.Fatalf("%s refund: %+v %v, want allowed with 2 remaining", a, res, err)
+		}
+		if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded || res[0].Remaining != 1 {
+			t.Fatalf("%s after the refund: %+v %v, want recorded with 1 remaining", a, res, err)
+		}
+	}
 }

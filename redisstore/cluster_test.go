@@ -160,6 +160,89 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("admitted %d on the cluster, want exactly 100", n)
 	}
 
+	// Mixed algorithms across slots: a refused token-bucket Veto takes
+	// back the sliding hits recorded in another slot, and the fixed
+	// window's refund (in a third slot) does not apply.
+	tbSpec := mustSpec(t, time.Hour, 1)
+	mixed := []window.Request{
+		{Key: "mix_sliding", Spec: sp, Limit: 5, Hits: 1, Veto: true},
+		{Key: "mix_fixed", Spec: tbSpec, Limit: 5, Hits: 2, Negative: true, Algorithm: window.FixedWindow},
+		{Key: "mix_bucket", Spec: tbSpec, Limit: 2, Hits: 1, Veto: true, Algorithm: window.TokenBucket},
+	}
+	mixedSlots := map[uint16]bool{}
+	for i := range mixed {
+		mixedSlots[keySlot(a.counterKey(&mixed[i]))] = true
+	}
+	if len(mixedSlots) != 3 {
+		t.Fatalf("mixed keys share slots: %v", mixedSlots)
+	}
+	for _, q := range []window.Request{
+		{Key: "mix_fixed", Spec: tbSpec, Limit: 5, Hits: 3, Veto: true, Algorithm: window.FixedWindow},
+		{Key: "mix_bucket", Spec: tbSpec, Limit: 2, Hits: 2, Veto: true, Algorithm: window.TokenBucket},
+	} {
+		if res, err := a.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded {
+			t.Fatalf("filling %s: %+v %v", q.Key, res, err)
+		}
+	}
+	remaining := func() []uint64 {
+		t.Helper()
+		check := make([]window.Request, len(mixed))
+		copy(check, mixed)
+		for i := range check {
+			check[i].Hits, check[i].Veto, check[i].Negative = 0, false, false
+		}
+		res, err := a.Do(ctx, check)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []uint64{res[0].Remaining, res[1].Remaining, res[2].Remaining}
+	}
+	before = rt.n.Load()
+	res, err = a.Do(ctx, mixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// one pipeline, then the take-back
+	if n := rt.n.Load() - before; n != 2 {
+		t.Errorf("vetoed mixed cross-slot batch: %d round trips, want 2", n)
+	}
+	if res[2].Allowed || res[0].Recorded || !res[0].Allowed || res[1].Remaining != 2 {
+		t.Fatalf("vetoed mixed batch: %+v", res)
+	}
+	if got := remaining(); fmt.Sprint(got) != "[5 2 0]" {
+		t.Fatalf("remaining after a vetoed mixed batch %v, want [5 2 0]", got)
+	}
+	// The refused bucket no longer vetoes: the sliding hit counts and the
+	// refund applies, in a second round trip (sent once no veto of the
+	// batch refused).
+	mixed[2].Veto = false
+	before = rt.n.Load()
+	res, err = a.Do(ctx, mixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load() - before; n != 2 {
+		t.Errorf("cross-slot batch with a veto and a refund: %d round trips, want 2", n)
+	}
+	if !res[0].Recorded || res[1].Remaining != 4 {
+		t.Fatalf("mixed batch: %+v", res)
+	}
+	if got := remaining(); fmt.Sprint(got) != "[4 4 0]" {
+		t.Fatalf("remaining after a mixed batch %v, want [4 4 0]", got)
+	}
+	// No veto at all: refunds go in the one pipeline.
+	mixed[0].Veto = false
+	before = rt.n.Load()
+	if res, err = a.Do(ctx, mixed); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load() - before; n != 1 {
+		t.Errorf("cross-slot batch without a veto: %d round trips, want 1", n)
+	}
+	if got := remaining(); fmt.Sprint(got) != "[3 5 0]" {
+		t.Fatalf("remaining after a batch without veto %v, want [3 5 0]", got)
+	}
+
 	// TTLs are set on the cluster too.
 	for _, k := range keys {
 		ttl, err := cc.PTTL(ctx, a.redisKey(k)).Result()
