@@ -90,15 +90,21 @@ func (l *LogCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
 }
 
 // CountAt returns the number of hits in the window ending at now (the
-// newest time seen, if now is older).
+// newest time seen, if now is older). It is a read: it neither moves the
+// newest time seen nor drops entries.
 func (l *LogCounter) CountAt(now time.Duration) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.expire(l.clamp(now))
-	return uint64(l.n)
+	edge := l.edge(now)
+	i := 0
+	for i < int(l.n) && l.at(i) <= edge {
+		i++
+	}
+	return uint64(int(l.n) - i)
 }
 
-// LastUsed returns the newest time seen.
+// LastUsed returns the newest time seen by AllowAt or RefundAt (reads such
+// as CountAt and Store.Sweep do not count as use).
 func (l *LogCounter) LastUsed() time.Duration { return time.Duration(l.seen.Load()) }
 
 // UndoAt takes back up to hits entries recorded at time at (a Result.Bucket
@@ -144,7 +150,17 @@ func (l *LogCounter) refund(now time.Duration, hits, limit uint64) Result {
 	return l.AllowAt(now, 0, limit)
 }
 
-func (l *LogCounter) idleAt(now time.Duration) bool { return l.CountAt(now) == 0 }
+func (l *LogCounter) idleAt(now time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n == 0 || l.at(int(l.n)-1) <= l.edge(now)
+}
+
+// edge is the start of the window ending at now (or at the newest time
+// seen, if later): entries at or before it are outside. l.mu is held.
+func (l *LogCounter) edge(now time.Duration) int64 {
+	return max(int64(max(now, 0)), l.seen.Load()) - l.spec.length
+}
 
 func (l *LogCounter) layout() (Spec, Algorithm) { return l.spec, SlidingLog }
 

@@ -344,6 +344,17 @@ func TestLogCounterClockStepBack(t *testing.T) {
 	if l.LastUsed() != 11*time.Second {
 		t.Fatalf("LastUsed %v", l.LastUsed())
 	}
+	// Reads far ahead (a Sweep) neither count as use nor drop hits for a
+	// later call at an earlier time.
+	if c := l.CountAt(time.Hour); c != 0 || !l.idleAt(time.Hour) {
+		t.Fatalf("an hour later: count %d", c)
+	}
+	if l.LastUsed() != 11*time.Second {
+		t.Fatalf("LastUsed %v after reads, want 11s", l.LastUsed())
+	}
+	if r := l.AllowAt(11*time.Second, 1, 5); r.Allowed || r.Remaining != 0 {
+		t.Fatalf("hits dropped by a read ahead: %+v", r)
+	}
 }
 
 func TestLogCounterRefundAndUndo(t *testing.T) {
