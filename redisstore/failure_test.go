@@ -148,10 +148,15 @@ func TestFailureModes(t *testing.T) {
 		t.Fatalf("allow mode remaining %d %d, want the limits 7 0", res[0].Remaining, res[1].Remaining)
 	}
 
-	// deny: everything refused, retry after a bucket.
-	res, err = denyStore.Do(ctx, req("d", 1000))
+	// deny: everything refused, retry after a bucket; refunds are not
+	// refused (nor applied).
+	refund := window.Request{Key: "d", Spec: sp, Limit: 1000, Hits: 1, Negative: true, Algorithm: window.TokenBucket}
+	res, err = denyStore.Do(ctx, append(req("d", 1000), refund))
 	if err != nil || res[0].Allowed || res[0].Recorded || res[0].Reset != sp.BucketLength() {
 		t.Fatalf("deny mode: %+v %v", res, err)
+	}
+	if !res[1].Allowed || res[1].Recorded {
+		t.Fatalf("deny mode refund: %+v", res[1])
 	}
 
 	// local: this replica's windows enforce the limit alone, and Undo

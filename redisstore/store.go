@@ -1,15 +1,20 @@
-// Package redisstore keeps sliding windows in Redis, so that any number of
-// replicas enforce one limit together. Store implements window.Limiter with
-// the guarantee of the in-memory window.Store: in any window of length W at
-// most Limit hits are admitted, across all replicas, and a refused request
-// consumes no quota.
+// Package redisstore keeps rate-limit counters in Redis, so that any number
+// of replicas enforce one limit together. Store implements window.Limiter
+// with the answers of the in-memory window.Store, for every
+// window.Algorithm and for refunds (Request.Negative): in any window of
+// length W at most Limit hits are admitted across all replicas (sliding
+// window), and a refused request consumes no quota.
 //
-// Each counter is one Redis hash, CACHE_KEY_PREFIX + "{" + Request.Key + "}",
-// whose fields are bucket epochs (floor(now / bucket length), now being
-// Redis's TIME in microseconds) and whose values are the hits recorded in
-// the bucket. One Lua script reads the hash, prunes buckets that left the
-// window, checks and adds, for every counter of a batch at once; every
-// write re-arms the key's TTL to a window plus a bucket, so idle counters
+// Each counter is one Redis hash whose hash tag is the whole Request.Key
+// (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), plus ":tb" for a token
+// bucket and ":fw" for a fixed window. A sliding window's fields are bucket
+// epochs (floor(now / bucket length), now being Redis's TIME in
+// microseconds) whose values are the hits recorded in the bucket; a token
+// bucket's fields are "tat" (GCRA's theoretical arrival time) and "seen"
+// (the newest time written), in nanoseconds; a fixed window's one field is
+// the window number, whose value is its count. One Lua script (allow.lua)
+// reads, checks and updates every counter of a batch at once, whatever
+// their algorithms; every write re-arms the key's TTL, so idle counters
 // vanish.
 //
 // A batch costs one round trip: one EVALSHA on a single node or Sentinel
@@ -17,6 +22,8 @@
 // all-or-nothing Veto rule is atomic within a slot; across slots, a refused
 // Veto makes the Store take back (Undo, a second round trip, only then) the
 // hits the other slots recorded, which concurrent requests may briefly see.
+// A Cluster batch over several slots holding both a Veto request and a
+// refund sends its refunds in a second round trip, once no Veto refused.
 //
 // When Redis fails, REDIS_FAILURE_MODE decides: error (Do returns the error;
 // Envoy's failure_mode_deny decides), allow, deny, or local (a per-replica
@@ -284,8 +291,10 @@ func (s *Store) suspect(err error) {
 }
 
 // Do answers reqs with the window.Limiter contract, in one round trip to
-// Redis (none when the local over-limit cache answers every request).
-// Redis's clock decides the window; the replica's clock does not matter.
+// Redis (none when the local over-limit cache answers every request; two
+// for a Cluster batch over several slots in which a Veto refuses, or which
+// holds both a Veto request and a refund). Redis's clock decides the
+// window; the replica's clock does not matter.
 func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
 	results := make([]window.Result, len(reqs))
 	if len(reqs) == 0 {
@@ -376,8 +385,13 @@ func (s *Store) failed(ctx context.Context, reqs []window.Request, results []win
 		return results, nil
 	case config.RedisFailDeny:
 		// Refuse; ask the caller to retry after a bucket, when the health
-		// check will long have noticed Redis's return.
+		// check will long have noticed Redis's return. A refund is never
+		// refused (it is not applied either; the quota left is unknown).
 		for _, i := range send {
+			if reqs[i].Negative {
+				results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, maxLimit)}
+				continue
+			}
 			results[i] = window.Result{Reset: reqs[i].Spec.BucketLength()}
 		}
 		return results, nil
