@@ -453,7 +453,9 @@ func freeAddr() (string, error) {
 func startProcess(ctx context.Context, path string, env []string, args ...string) (*exec.Cmd, error) {
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if filepath.Base(path) != "redis-server" { // redis-server's banner is noise here
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
