@@ -134,6 +134,11 @@ func (r *redisProc) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
 
 // start (re)starts redis-server with an append-only file fsynced on every
 // write, in its own directory, and waits until it answers PING.
+//
+// A SIGKILL of the process loses nothing Redis has write(2)n to the AOF: the
+// kernel keeps it. appendfsync always matters for a crash of the host
+// (power loss), which this test cannot cause; with appendfsync everysec the
+// soak passes too, and with appendonly no it fails (counts lost).
 func (r *redisProc) start(t *testing.T) {
 	t.Helper()
 	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
@@ -582,10 +587,15 @@ func TestSoak(t *testing.T) {
 			if k.over.Load() == 0 {
 				t.Errorf("key %s: never refused: demand did not exceed the limit %d (machine too slow?)", k.name, k.limit)
 			}
-			if amb == 0 && ok != k.limit {
+			// With the keys ready at the kill, no call that could record a
+			// hit was cut by it (early keys refuse, crossing keys idle):
+			// the count must be exact. Otherwise a cut call may have been
+			// recorded without its answer arriving.
+			exact := amb == 0 || ready
+			if exact && ok != k.limit {
 				t.Errorf("key %s: %d OK answers over the run, want exactly the limit %d", k.name, ok, k.limit)
 			}
-			if amb != 0 && (ok > k.limit || ok+amb < k.limit) {
+			if !exact && (ok > k.limit || ok+amb < k.limit) {
 				t.Errorf("key %s: %d OK answers and %d calls cut by the kill, want OK in [limit-%d, limit] = [%d, %d]",
 					k.name, ok, amb, amb, k.limit-amb, k.limit)
 			}
