@@ -125,7 +125,15 @@ type Store struct {
 	once   sync.Once
 }
 
-var _ window.Limiter = (*Store)(nil)
+var (
+	_ window.Limiter          = (*Store)(nil)
+	_ window.AlgorithmChecker = (*Store)(nil)
+)
+
+// SupportsAlgorithm reports whether the Store serves a: SlidingWindow,
+// TokenBucket and FixedWindow (window.SlidingLog has no Redis script yet,
+// so rules asking for it are rejected when loaded).
+func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.FixedWindow }
 
 // New returns a Store for the settings. It does not wait for Redis: it
 // starts a health check that runs until ctx is done or Close is called,
@@ -304,8 +312,8 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		if err := checkSpec(reqs[i].Spec); err != nil {
 			return nil, fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, err)
 		}
-		if reqs[i].Algorithm > window.FixedWindow {
-			return nil, fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
+		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
+			return nil, fmt.Errorf("request %d (key %q): %v is not supported by the Redis backend", i, reqs[i].Key, reqs[i].Algorithm)
 		}
 	}
 

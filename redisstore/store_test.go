@@ -442,6 +442,15 @@ func TestInvalidSpec(t *testing.T) {
 			t.Errorf("spec %+v: no error", sp)
 		}
 	}
+	// An algorithm without a script is an error, and SupportsAlgorithm
+	// says so beforehand (the service rejects such rules when loading).
+	sp := mustSpec(t, time.Second, 10)
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog} {
+		_, err := s.Do(ctx, []window.Request{{Key: "alg", Spec: sp, Limit: 1, Hits: 1, Algorithm: a}})
+		if supported := s.SupportsAlgorithm(a); supported != (err == nil) || supported == (a == window.SlidingLog) {
+			t.Errorf("%v: supported %t, Do error %v", a, supported, err)
+		}
+	}
 	// Empty batches cost nothing.
 	if res, err := s.Do(ctx, nil); err != nil || len(res) != 0 {
 		t.Fatalf("empty batch: %v %v", res, err)
