@@ -538,3 +538,45 @@ func TestStoreSlidingLog(t *testing.T) {
 		t.Fatal("SupportsAlgorithm")
 	}
 }
+
+// FuzzLogCounterMatchesReference drives a LogCounter and the reference with
+// the operations encoded in ops (4 bytes each) and fails at the first
+// difference.
+func FuzzLogCounterMatchesReference(f *testing.F) {
+	f.Add([]byte{0, 10, 0, 3, 0, 200, 0, 1, 3, 255, 0, 2, 4, 0, 0, 2, 5, 0, 0, 5, 0, 0, 40, 7})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		w := 10 * time.Millisecond
+		l, ref := NewLogCounter(mustSpec(t, w, 1)), &refLog{w: int64(w)}
+		now := time.Duration(0)
+		var recorded []int64
+		for len(ops) >= 4 {
+			op, arg, n := ops[0]%8, time.Duration(ops[1])|time.Duration(ops[2])<<8, uint64(ops[3]%8)
+			ops = ops[4:]
+			limit := uint64(arg%12) + n/2
+			switch op {
+			case 0, 1, 2:
+				now += arg * 3 * time.Microsecond
+			case 3:
+				now -= arg * 5 * time.Microsecond
+			case 4:
+				if len(recorded) > 0 {
+					at := recorded[int(arg)%len(recorded)]
+					l.UndoAt(at, n)
+					ref.undo(at, n)
+				}
+				continue
+			case 5:
+				l.RefundAt(now, n)
+				ref.refund(now, n)
+				continue
+			}
+			got, want := l.AllowAt(now, n, limit), ref.allow(now, n, limit)
+			if got != want {
+				t.Fatalf("now=%v AllowAt(%d, limit %d) = %+v, reference %+v", now, n, limit, got, want)
+			}
+			if got.Recorded {
+				recorded = append(recorded, got.Bucket)
+			}
+		}
+	})
+}
