@@ -148,11 +148,13 @@ func (r *redisProc) start(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if redisPing(r.addr()) {
+		// The answer must come from our process: while Redis was down,
+		// another program may have taken the port.
+		if redisPID(r.addr()) == r.cmd.Process.Pid {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not answer PING", r.addr())
+			t.Fatalf("redis-server (pid %d) on %s did not answer (port taken by another process?)", r.cmd.Process.Pid, r.addr())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -168,20 +170,34 @@ func (r *redisProc) kill() {
 	r.cmd = nil
 }
 
-// redisPing reports whether addr answers PING with PONG (not LOADING).
-func redisPing(addr string) bool {
+// redisPID returns the process_id a Redis server on addr reports once it
+// answers PING with PONG (not LOADING), or 0.
+func redisPID(addr string) int {
 	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
 	if err != nil {
-		return false
+		return 0
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := io.WriteString(c, "PING\r\n"); err != nil {
-		return false
+	if _, err := io.WriteString(c, "PING\r\nINFO server\r\n"); err != nil {
+		return 0
 	}
-	buf := make([]byte, 64)
-	n, _ := c.Read(buf)
-	return strings.HasPrefix(string(buf[:n]), "+PONG")
+	var reply []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(reply), "process_id:") || !strings.Contains(string(reply[strings.Index(string(reply), "process_id:"):]), "\r\n") {
+		n, err := c.Read(buf)
+		reply = append(reply, buf[:n]...)
+		if err != nil {
+			return 0
+		}
+	}
+	text := string(reply)
+	if !strings.HasPrefix(text, "+PONG") {
+		return 0
+	}
+	line := text[strings.Index(text, "process_id:")+len("process_id:"):]
+	pid, _ := strconv.Atoi(line[:strings.Index(line, "\r\n")])
+	return pid
 }
 
 func freePort(t *testing.T) int {
