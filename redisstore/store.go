@@ -533,7 +533,7 @@ func (s *Store) allow(ctx context.Context, reqs []window.Request, results []wind
 		first = make([]window.Request, len(reqs))
 		copy(first, reqs)
 		for _, i := range refunds {
-			first[i].Negative, first[i].Hits = false, 0
+			first[i].Negative, first[i].Hits, first[i].Veto = false, 0, false
 		}
 	}
 	vetoed, err := s.runAllow(ctx, first, results, keys, gs, dry)
