@@ -139,7 +139,7 @@ func checkGuarantees(p params, rows []row) error {
 				errs = append(errs, fmt.Errorf("%s admitted %d hits in one window on %q (limit %d)",
 					r.alg.name, res.maxInWindow, res.trace.name, p.limit))
 			case r.alg.exact && (res.overshoot(p.limit) > 0 || res.falseRejects > 0 || res.refusedIdealAdmits > 0):
-				errs = append(errs, fmt.Errorf("self-check: the exact sliding log is not ideal on %q: %+v", res.trace.name, res.outcome))
+				errs = append(errs, fmt.Errorf("%s is not ideal on %q: %+v", r.alg.name, res.trace.name, res.outcome))
 			}
 		}
 	}

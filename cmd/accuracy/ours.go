@@ -56,14 +56,31 @@ func (f *fixedWindow) allow(now time.Duration, hits, limit uint64) bool {
 	return (*window.FixedCounter)(f).AllowAt(now, hits, limit).Allowed
 }
 
-// otherWindowAlgorithms returns Leapgate's token bucket and fixed window.
-// Neither promises the no-burst bound; they are measured, not asserted.
+// exactWindow adapts window.LogCounter (Leapgate's exact sliding log) to a
+// decider.
+type exactWindow window.LogCounter
+
+func (l *exactWindow) allow(now time.Duration, hits, limit uint64) bool {
+	return (*window.LogCounter)(l).AllowAt(now, hits, limit).Allowed
+}
+
+// otherWindowAlgorithms returns Leapgate's exact sliding log (which promises
+// the no-burst bound, asserted like the sliding window's), token bucket and
+// fixed window (which do not; they are measured, not asserted).
 func otherWindowAlgorithms(p params) ([]algorithm, error) {
 	spec, err := window.NewSpec(p.window, 1)
 	if err != nil {
 		return nil, err
 	}
 	return []algorithm{
+		{
+			name:        "Leapgate sliding log (window.LogCounter)",
+			ours:        true,
+			noBurst:     true,
+			exact:       true,
+			granularity: p.window / 2,
+			newDecider:  func() decider { return (*exactWindow)(window.NewLogCounter(spec)) },
+		},
 		{
 			name:        "Leapgate token bucket (window.GCRA)",
 			ours:        true,

@@ -40,7 +40,9 @@ type algorithm struct {
 	// window of length W (Leapgate's sliding window): any overshoot fails
 	// the command and the tests.
 	noBurst bool
-	// exact marks the exact sliding log, which must come out ideal.
+	// exact marks an exact sliding log (the model, or window.LogCounter),
+	// which must come out ideal: 0 overshoot, 0 false rejects, and the same
+	// decisions as the ideal.
 	exact bool
 	// buckets is the bucket count per window (0: not bucketed).
 	buckets int
