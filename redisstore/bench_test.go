@@ -12,7 +12,8 @@ import (
 	"github.com/leapgate/leapgate/window"
 )
 
-// BenchmarkDo measures Do against a real redis-server on loopback: 1 and 3
+// BenchmarkDo measures Do against a real redis-server on loopback: each
+// algorithm (and "mixed": descriptor d uses algorithm d mod 3), 1 and 3
 // descriptors, one hot key or keys spread over 100k, from concurrent
 // goroutines (RunParallel). Besides ns/op (inverse throughput) and
 // allocations it reports the p99 latency of one Do and the round trips per
@@ -27,51 +28,73 @@ func BenchmarkDo(b *testing.B) {
 	waitHealthy(b, s)
 	rt := countRoundTrips(s)
 	sp := mustSpec(b, time.Second, 20)
-	for _, descriptors := range []int{1, 3} {
-		for _, keys := range []int{1, 100_000} {
-			name := fmt.Sprintf("descriptors=%d/keys=%d", descriptors, keys)
-			b.Run(name, func(b *testing.B) {
-				// Key names are made up front: the benchmark measures Do.
-				names := make([][]string, descriptors)
-				for d := range names {
-					names[d] = make([]string, keys)
-					for k := range keys {
-						names[d][k] = fmt.Sprintf("bench_d%d_k%d", d, k)
-					}
+	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow}
+	for _, alg := range []string{"sliding_window", "token_bucket", "fixed_window", "mixed"} {
+		algFor := func(d int) window.Algorithm {
+			if alg == "mixed" {
+				return algs[d%len(algs)]
+			}
+			for _, a := range algs {
+				if a.String() == alg {
+					return a
 				}
-				var next atomic.Int64
-				var mu sync.Mutex
-				var lat []time.Duration
-				before := rt.n.Load()
-				b.ReportAllocs()
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					ctx := context.Background()
-					reqs := make([]window.Request, descriptors)
-					mine := make([]time.Duration, 0, 1024)
-					for pb.Next() {
-						k := int(next.Add(1)) % keys
-						for d := range reqs {
-							reqs[d] = window.Request{Key: names[d][k], Spec: sp, Limit: maxLimit, Hits: 1, Veto: true}
-						}
-						start := time.Now()
-						if _, err := s.Do(ctx, reqs); err != nil {
-							b.Error(err)
-							return
-						}
-						mine = append(mine, time.Since(start))
-					}
-					mu.Lock()
-					lat = append(lat, mine...)
-					mu.Unlock()
-				})
-				b.StopTimer()
-				slices.Sort(lat)
-				if len(lat) > 0 {
-					b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-				}
-				b.ReportMetric(float64(rt.n.Load()-before)/float64(b.N), "roundtrips/op")
-			})
+			}
+			panic(alg)
+		}
+		for _, descriptors := range []int{1, 3} {
+			if alg == "mixed" && descriptors == 1 {
+				continue
+			}
+			for _, keys := range []int{1, 100_000} {
+				benchDo(b, s, rt, sp, alg, algFor, descriptors, keys)
+			}
 		}
 	}
+}
+
+// benchDo runs one BenchmarkDo case.
+func benchDo(b *testing.B, s *Store, rt *roundTrips, sp window.Spec, alg string, algFor func(int) window.Algorithm, descriptors, keys int) {
+	name := fmt.Sprintf("alg=%s/descriptors=%d/keys=%d", alg, descriptors, keys)
+	b.Run(name, func(b *testing.B) {
+		// Key names are made up front: the benchmark measures Do.
+		names := make([][]string, descriptors)
+		for d := range names {
+			names[d] = make([]string, keys)
+			for k := range keys {
+				names[d][k] = fmt.Sprintf("bench_d%d_k%d", d, k)
+			}
+		}
+		var next atomic.Int64
+		var mu sync.Mutex
+		var lat []time.Duration
+		before := rt.n.Load()
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			reqs := make([]window.Request, descriptors)
+			mine := make([]time.Duration, 0, 1024)
+			for pb.Next() {
+				k := int(next.Add(1)) % keys
+				for d := range reqs {
+					reqs[d] = window.Request{Key: names[d][k], Spec: sp, Limit: maxLimit, Hits: 1, Veto: true, Algorithm: algFor(d)}
+				}
+				start := time.Now()
+				if _, err := s.Do(ctx, reqs); err != nil {
+					b.Error(err)
+					return
+				}
+				mine = append(mine, time.Since(start))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+		b.StopTimer()
+		slices.Sort(lat)
+		if len(lat) > 0 {
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		}
+		b.ReportMetric(float64(rt.n.Load()-before)/float64(b.N), "roundtrips/op")
+	})
 }
