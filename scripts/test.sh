@@ -53,6 +53,7 @@ FUZZ_TARGETS=(
 	"./service FuzzExtProc"
 	"./service FuzzAccessLog"
 	"./service FuzzReport"
+	"./service FuzzShouldRateLimit"
 	"./server FuzzJSON"
 )
 
