@@ -71,10 +71,10 @@ func WithLimiterWrapper(wrap func(window.Limiter) window.Limiter) Option {
 	return func(o *options) { o.wrapLimiter = wrap }
 }
 
-// New builds a Server from validated-again settings: it creates the limiter
-// and the service, loads the rules, and binds the three listeners (port 0
-// picks a free port; see GRPCAddr, HTTPAddr, DebugAddr). Nothing is served
-// until Run.
+// New builds a Server from settings (validated again here): it creates the
+// limiter, the circuit breakers and the service, loads the rules, and binds
+// the three listeners (port 0 picks a free port; see GRPCAddr, HTTPAddr,
+// DebugAddr). Nothing is served until Run.
 func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if err := settings.Validate(); err != nil {
 		return nil, err
