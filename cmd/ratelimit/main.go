@@ -45,6 +45,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// The first signal starts the graceful shutdown; restoring the default
+	// handling then lets a second one end the process at once.
+	context.AfterFunc(ctx, stop)
 	srv, err := server.New(settings, logger)
 	if err != nil {
 		logger.Error("cannot start", "error", err)
