@@ -182,22 +182,26 @@ func redisPID(addr string) int {
 	if _, err := io.WriteString(c, "PING\r\nINFO server\r\n"); err != nil {
 		return 0
 	}
-	var reply []byte
+	var reply strings.Builder
 	buf := make([]byte, 4096)
-	for !strings.Contains(string(reply), "process_id:") || !strings.Contains(string(reply[strings.Index(string(reply), "process_id:"):]), "\r\n") {
+	for {
 		n, err := c.Read(buf)
-		reply = append(reply, buf[:n]...)
+		reply.Write(buf[:n])
+		text := reply.String()
+		if i := strings.Index(text, "process_id:"); i >= 0 {
+			rest := text[i+len("process_id:"):]
+			if j := strings.Index(rest, "\r\n"); j >= 0 {
+				if !strings.HasPrefix(text, "+PONG") {
+					return 0 // LOADING
+				}
+				pid, _ := strconv.Atoi(rest[:j])
+				return pid
+			}
+		}
 		if err != nil {
 			return 0
 		}
 	}
-	text := string(reply)
-	if !strings.HasPrefix(text, "+PONG") {
-		return 0
-	}
-	line := text[strings.Index(text, "process_id:")+len("process_id:"):]
-	pid, _ := strconv.Atoi(line[:strings.Index(line, "\r\n")])
-	return pid
 }
 
 func freePort(t *testing.T) int {
@@ -249,15 +253,27 @@ type errorLog struct {
 	mu sync.Mutex
 	// byClass counts errors by "code/phase".
 	byClass map[string]int
+	// samples keeps the first few messages of each class.
+	samples map[string][]string
 }
 
-func (e *errorLog) add(code codes.Code, phase string) {
+func (e *errorLog) add(err error, phase string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.byClass == nil {
-		e.byClass = map[string]int{}
+		e.byClass, e.samples = map[string]int{}, map[string][]string{}
 	}
-	e.byClass[code.String()+"/"+phase]++
+	class := status.Code(err).String() + "/" + phase
+	e.byClass[class]++
+	if len(e.samples[class]) < 3 {
+		e.samples[class] = append(e.samples[class], err.Error())
+	}
+}
+
+func (e *errorLog) sample(class string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.samples[class]...)
 }
 
 func (e *errorLog) snapshot() map[string]int {
@@ -405,7 +421,7 @@ func TestSoak(t *testing.T) {
 					if !wasKilled && killed.Load() {
 						k.ambiguous.Add(1)
 					}
-					errs.add(status.Code(err), out.phase(start, end))
+					errs.add(err, out.phase(start, end))
 					time.Sleep(5 * time.Millisecond) // a client backs off on errors
 					continue
 				}
@@ -442,7 +458,7 @@ func TestSoak(t *testing.T) {
 				}
 				if err != nil {
 					ext.errors.Add(1)
-					errs.add(status.Code(err), "ext_proc")
+					errs.add(err, "ext_proc")
 				}
 			}
 		})
@@ -584,7 +600,7 @@ func TestSoak(t *testing.T) {
 	// Errors: only Unavailable, and only for calls overlapping the outage.
 	for class, n := range classes {
 		if class != codes.Unavailable.String()+"/outage" {
-			t.Errorf("%d unexpected errors of class %s (allowed: Unavailable during the Redis outage)", n, class)
+			t.Errorf("%d unexpected errors of class %s (allowed: Unavailable during the Redis outage), e.g. %q", n, class, errs.sample(class))
 		}
 	}
 	if classes[codes.Unavailable.String()+"/outage"] == 0 {
