@@ -117,3 +117,21 @@ func TestReloadConfigMapSymlinkSwap(t *testing.T) {
 		t.Errorf("config_load_error = %q during a ConfigMap swap, want 0", got)
 	}
 }
+
+func TestReloadAfterTheDirectoryIsRecreated(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	client := ts.rls(t)
+	if err := os.RemoveAll(ts.ruleDir); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the failed reload of the missing directory", func() bool {
+		return metricValue(t, ts, "ratelimit_config_load_error_total") == "1"
+	})
+	if st := callUser(t, client, "alice"); st.GetCurrentLimit().GetRequestsPerUnit() != 2 {
+		t.Errorf("with the directory gone: %v, want the last good rules", st)
+	}
+	// The watch on the old directory is gone: the new one is found by the
+	// periodic re-watch.
+	writeRules(t, ts.ruleDir, "rules.yaml", rulesPerMinute("9"))
+	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=9")
+}

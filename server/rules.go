@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -75,17 +76,22 @@ type ruleLoader struct {
 	embedded bool
 	// loaded is true once any rule set has been put into service.
 	loaded bool
+	// watcher watches dir (FILE mode, not embedded); watch consumes it.
+	watcher *fsnotify.Watcher
 }
 
 // loadInitial loads the rules once at start-up. A missing directory selects
 // the embedded examples. A bad rule set is logged and leaves the server
 // NOT_SERVING (every call answers Unavailable) until a reload succeeds; it
 // is not fatal, so that a fixed ConfigMap heals the pod without a restart.
-func (l *ruleLoader) loadInitial() {
+//
+// The directory is watched from before this first load, so that no change
+// between the load and Run is missed.
+func (l *ruleLoader) loadInitial() error {
 	if l.xds != nil {
 		l.logger.Info("rules come from xDS; NOT_SERVING until the first valid RateLimitConfig arrives",
 			"server", l.xds.ServerURL, "node_id", l.xds.NodeID)
-		return
+		return nil
 	}
 	if _, err := os.Stat(l.dir); errors.Is(err, fs.ErrNotExist) {
 		set, err := descriptors.LoadFS(defaultRules, defaultRulesDir)
@@ -101,9 +107,26 @@ func (l *ruleLoader) loadInitial() {
 			"Create the directory or set RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to serve your own.",
 			"rule_dir", l.dir)
 		l.apply(set)
-		return
+		return nil
 	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching rule directory: %w", err)
+	}
+	if err := w.Add(l.dir); err != nil {
+		w.Close()
+		return fmt.Errorf("watching rule directory %s: %w", l.dir, err)
+	}
+	l.watcher = w
 	l.reload()
+	return nil
+}
+
+// close releases the directory watch (for a server that never ran).
+func (l *ruleLoader) close() {
+	if l.watcher != nil {
+		l.watcher.Close()
+	}
 }
 
 // reload loads the whole directory and, if every file is valid, swaps the
@@ -177,20 +200,24 @@ func (l *ruleLoader) watch(ctx context.Context) error {
 	if l.xds != nil {
 		return l.subscribe(ctx, *l.xds)
 	}
-	if l.embedded {
-		return nil
+	if l.watcher == nil {
+		return nil // embedded rules
 	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watching rule directory: %w", err)
-	}
+	w := l.watcher
 	defer w.Close()
-	if err := w.Add(l.dir); err != nil {
-		return fmt.Errorf("watching rule directory %s: %w", l.dir, err)
-	}
 	// Stopped until the first event (Go ≥ 1.23 timers deliver no stale tick).
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	// rewatch ticks while the directory itself is gone (deleted or renamed
+	// away), until it can be watched again.
+	var rewatch <-chan time.Time
+	var ticker *time.Ticker
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+	}()
+	dir := filepath.Clean(l.dir)
 	for {
 		select {
 		case <-ctx.Done():
@@ -201,6 +228,12 @@ func (l *ruleLoader) watch(ctx context.Context) error {
 				return nil
 			}
 			l.logger.Debug("rule directory changed", "event", ev.String())
+			if filepath.Clean(ev.Name) == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) && rewatch == nil {
+				l.logger.Warn("rule directory removed; the last good rules keep serving until it is back", "rule_dir", l.dir)
+				ticker = time.NewTicker(rewatchInterval)
+				rewatch = ticker.C
+				continue
+			}
 			timer.Reset(l.debounce)
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -209,8 +242,20 @@ func (l *ruleLoader) watch(ctx context.Context) error {
 			// An overflow loses events: reload to be safe.
 			l.logger.Error("watching rule directory", "rule_dir", l.dir, "error", err)
 			timer.Reset(l.debounce)
+		case <-rewatch:
+			if err := w.Add(l.dir); err != nil {
+				l.logger.Debug("rule directory not back yet", "rule_dir", l.dir, "error", err)
+				continue
+			}
+			ticker.Stop()
+			ticker, rewatch = nil, nil
+			l.logger.Info("rule directory is back; reloading", "rule_dir", l.dir)
+			timer.Reset(l.debounce)
 		case <-timer.C:
 			l.reload()
 		}
 	}
 }
+
+// rewatchInterval is how often a removed rule directory is looked for.
+const rewatchInterval = time.Second

@@ -123,9 +123,13 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	if settings.XDS.ConfigType == config.ConfigXDS {
 		s.rules.xds = &settings.XDS
 	}
-	s.rules.loadInitial()
+	if err := s.rules.loadInitial(); err != nil {
+		b.close()
+		return nil, err
+	}
 
 	if err := s.buildGRPC(); err != nil {
+		s.rules.close()
 		b.close()
 		return nil, err
 	}
@@ -133,6 +137,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	s.debug = s.newHTTPServer(s.debugHandler())
 
 	if err := s.listen(); err != nil {
+		s.rules.close()
 		b.close()
 		return nil, err
 	}
