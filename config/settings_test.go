@@ -174,3 +174,18 @@ func TestNewLoggerFormat(t *testing.T) {
 		}
 	}
 }
+
+func TestRealSecretsAreRedacted(t *testing.T) {
+	s := Defaults()
+	s.Redis.Auth, s.Redis.SentinelAuth = "hunter2", "sentinel-secret"
+	var b strings.Builder
+	s.NewLogger(&b).Info("starting", "settings", s)
+	for _, out := range []string{s.String(), b.String()} {
+		if strings.Contains(out, "hunter2") || strings.Contains(out, "sentinel-secret") {
+			t.Errorf("a Redis password leaks: %s", out)
+		}
+		if !strings.Contains(out, "REDIS_AUTH=<redacted>") {
+			t.Errorf("REDIS_AUTH not shown as redacted: %s", out)
+		}
+	}
+}
