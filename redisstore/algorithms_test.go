@@ -31,7 +31,7 @@ func TestMatchesInMemoryStore(t *testing.T) {
 	ft := &fakeTime{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
 	ctx := context.Background()
-	sw, tb, fw := window.SlidingWindow, window.TokenBucket, window.FixedWindow
+	sw, tb, fw, lg := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog
 	for _, tc := range []struct {
 		name string
 		keys []diffKey
@@ -48,8 +48,12 @@ func TestMatchesInMemoryStore(t *testing.T) {
 		{"fixed_window", []diffKey{
 			{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 2}, {fw, 10 * time.Second, 10, 0},
 		}, 2 * time.Second},
+		{"sliding_log", []diffKey{
+			{lg, 10 * time.Second, 1, 5}, {lg, 20 * time.Second, 4, 9}, {lg, 10 * time.Second, 1, 0},
+		}, 2 * time.Second},
 		{"mixed", []diffKey{
 			{sw, 10 * time.Second, 10, 6}, {tb, 10 * time.Second, 1, 4}, {fw, 10 * time.Second, 1, 5}, {tb, 30 * time.Second, 3, 9},
+			{lg, 10 * time.Second, 1, 4},
 		}, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,6 +150,7 @@ func TestMixedBatchOneRoundTrip(t *testing.T) {
 		{Key: "rt_fw", Spec: sp, Limit: 10, Hits: 4, Veto: true, Algorithm: window.FixedWindow},
 		{Key: "rt_fw", Spec: sp, Limit: 10, Hits: 0, Algorithm: window.FixedWindow},
 		{Key: "rt_sw", Spec: sp, Limit: 10, Hits: 1, Negative: true},
+		{Key: "rt_log", Spec: sp, Limit: 10, Hits: 5, Veto: true, Algorithm: window.SlidingLog},
 	}
 	before := rt.n.Load()
 	res, err := s.Do(ctx, batch)
@@ -155,7 +160,7 @@ func TestMixedBatchOneRoundTrip(t *testing.T) {
 	if n := rt.n.Load() - before; n != 1 {
 		t.Fatalf("mixed batch: %d round trips, want 1", n)
 	}
-	for i, want := range []uint64{8, 7, 6, 6, 9} {
+	for i, want := range []uint64{8, 7, 6, 6, 9, 5} {
 		if res[i].Remaining != want || !res[i].Allowed {
 			t.Errorf("result %d: %+v, want allowed with %d remaining", i, res[i], want)
 		}
@@ -167,9 +172,9 @@ func TestMixedBatchOneRoundTrip(t *testing.T) {
 	if n := rt.n.Load() - before; n != 1 {
 		t.Fatalf("mixed Undo: %d round trips, want 1", n)
 	}
-	// Undo took back the three admissions (the refund is not undone: it
+	// Undo took back the four admissions (the refund is not undone: it
 	// was not recorded); sliding: 2 - 1 (refund) - 2 (undo, floored) = 0.
-	check := []window.Request{batch[0], batch[1], batch[2]}
+	check := []window.Request{batch[0], batch[1], batch[2], batch[5]}
 	for i := range check {
 		check[i].Hits, check[i].Veto = 0, false
 	}
@@ -210,7 +215,7 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 		}
 		return m
 	}
-	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow}
+	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog}
 	for _, vetoer := range algs {
 		t.Run(vetoer.String(), func(t *testing.T) {
 			key := func(a window.Algorithm) string { return vetoer.String() + "_" + a.String() }
@@ -292,7 +297,7 @@ func TestClockStepsBack(t *testing.T) {
 	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
 	sp := mustSpec(t, 10*time.Second, 10)
 	ctx := context.Background()
-	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow} {
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog} {
 		t.Run(a.String(), func(t *testing.T) {
 			do := func(hits uint64) window.Result {
 				t.Helper()
@@ -331,7 +336,7 @@ func TestRefundClearsLocalCache(t *testing.T) {
 	s := withFakeTime(newTestStore(t, st, Options{Clock: ft}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()
-	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow} {
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog} {
 		q := window.Request{Key: "cached_" + a.String(), Spec: sp, Limit: 3, Hits: 3, Veto: true, Algorithm: a}
 		if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded {
 			t.Fatalf("%s: %+v %v", a, res, err)
@@ -348,6 +353,62 @@ func TestRefundClearsLocalCache(t *testing.T) {
 		}
 		if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded || res[0].Remaining != 1 {
 			t.Fatalf("%s after the refund: %+v %v, want recorded with 1 remaining", a, res, err)
+		}
+	}
+}
+
+// TestMicrosecondBuckets: with 1 µs buckets a bucket epoch has 16 digits;
+// it must be written in full (Lua's tostring would give a 14-digit
+// exponent form), so that the hits are found again.
+func TestMicrosecondBuckets(t *testing.T) {
+	r := startRedis(t)
+	ft := &fakeTime{}
+	at := base + 123456*time.Microsecond
+	ft.set(at)
+	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	ctx := context.Background()
+	sp := mustSpec(t, time.Second, 1_000_000)
+	q := window.Request{Key: "micro", Spec: sp, Limit: 5, Hits: 2, Veto: true}
+	if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded {
+		t.Fatalf("%+v %v", res, err)
+	}
+	q.Hits = 0
+	if res, err := s.Do(ctx, []window.Request{q}); err != nil || res[0].Remaining != 3 {
+		t.Fatalf("check after 2 hits: %+v %v, want 3 remaining", res, err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	defer rdb.Close()
+	fields, err := rdb.HKeys(ctx, s.redisKey("micro")).Result()
+	if want := fmt.Sprint(int64(at / time.Microsecond)); err != nil || len(fields) != 1 || fields[0] != want {
+		t.Fatalf("fields %q %v, want [%s]", fields, err, want)
+	}
+}
+
+// TestSlidingLogEdge: a sliding log's hit leaves the window exactly W after
+// it was admitted (the window is (now-W, now]).
+func TestSlidingLogEdge(t *testing.T) {
+	r := startRedis(t)
+	ft := &fakeTime{}
+	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	ctx := context.Background()
+	sp := mustSpec(t, 10*time.Second, 1)
+	q := []window.Request{{Key: "edge", Spec: sp, Limit: 1, Hits: 1, Veto: true, Algorithm: window.SlidingLog}}
+	for _, st := range []struct {
+		at       time.Duration
+		recorded bool
+		reset    time.Duration
+	}{
+		{0, true, 10 * time.Second},
+		{10*time.Second - time.Microsecond, false, time.Microsecond},
+		{10 * time.Second, true, 10 * time.Second},
+	} {
+		ft.set(base + st.at)
+		res, err := s.Do(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Recorded != st.recorded || res[0].Reset != st.reset {
+			t.Fatalf("at %v: %+v, want recorded %t, reset %v", st.at, res[0], st.recorded, st.reset)
 		}
 	}
 }

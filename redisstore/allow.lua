@@ -18,11 +18,15 @@
 -- ARGV[3+7*(i-1) .. 9+7*(i-1)], for counter i:
 --          bucket length b in microseconds, buckets per window k (the window
 --          W is k*b), limit, hits (0: check whether one more hit would fit),
---          veto ("1"/"0"), algorithm (0/1/2), negative ("1": a refund).
+--          veto ("1"/"0"), algorithm (0/1/2/3), negative ("1": a refund).
+--
+--   3 sliding log (window.LogCounter): KEYS[i] is a hash whose fields are
+--     the times (microseconds) hits were admitted at, valued with the hits
+--     admitted then, plus "seen" (the newest time written).
 --
 -- Returns 5 integers per counter: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding: epoch; fixed: window number;
--- token bucket: 0).
+-- token bucket: 0; sliding log: the time in microseconds).
 --
 -- As in window.Store.DoAt: requests that add hits are answered in order,
 -- each seeing the earlier ones of the batch; then refunds are applied, in
@@ -76,6 +80,12 @@ local function formatNs(us, rem)
     return string.format('%d', rem)
   end
   return string.format('%.0f%03d', us, rem)
+end
+
+-- field names a bucket or window number (tostring would switch to an
+-- exponent beyond 14 digits).
+local function field(x)
+  return string.format('%.0f', x)
 end
 
 local states = {}
@@ -187,9 +197,9 @@ function SW.write(key, st)
     any = true
     local c = st.counts[x] or 0
     if c > 0 then
-      redis.call('HSET', key, x, c)
+      redis.call('HSET', key, field(x), c)
     else
-      redis.call('HDEL', key, x)
+      redis.call('HDEL', key, field(x))
     end
   end
   if st.added then
@@ -335,15 +345,133 @@ function FW.write(key, st)
   if #st.stale > 0 then
     redis.call('HDEL', key, unpack(st.stale))
   end
-  redis.call('HSET', key, st.cur, st.cnt)
+  redis.call('HSET', key, field(st.cur), st.cnt)
   -- kept a window past its end, so that it still answers (as an existing,
   -- empty counter) right after the edge
   redis.call('PEXPIRE', key, math.ceil(((st.cur + 2) * st.w - now) / 1000))
   return true
 end
 
+--------------------------------------------------------------- sliding log
+-- The exact log (window.LogCounter): KEYS[i] is a hash whose fields are
+-- the times (microseconds) hits were admitted at, each valued with the
+-- hits admitted then, plus "seen" (the newest time written).
+local LG = {}
+
+function LG.load(key, b, k)
+  local fields = redis.call('HGETALL', key)
+  local cnt, ts, seen = {}, {}, nil
+  for j = 1, #fields, 2 do
+    if fields[j] == 'seen' then
+      seen = tonumber(fields[j + 1])
+    else
+      local f, c = tonumber(fields[j]), tonumber(fields[j + 1]) or 0
+      if f and c > 0 then
+        cnt[f] = c
+        ts[#ts + 1] = f
+      end
+    end
+  end
+  table.sort(ts)
+  local t = now -- a clock that steps back stands still
+  if seen and seen > t then
+    t = seen
+  end
+  local st = {alg = 3, w = k * b, t = t, cnt = cnt, ts = {}, n = 0,
+              exists = #fields > 0, dirty = {}, added = false}
+  -- entries at or before t - W left the window (t - W, t]
+  for _, f in ipairs(ts) do
+    if f <= t - st.w then
+      st.cnt[f] = nil
+      st.dirty[f] = true
+    else
+      st.ts[#st.ts + 1] = f
+      st.n = st.n + cnt[f]
+    end
+  end
+  return st
+end
+
+local function lgNewestAgeOut(st)
+  if st.n == 0 then
+    return 0
+  end
+  return clamp0(st.ts[#st.ts] + st.w - now) * 1000
+end
+
+function LG.allow(st, hits, limit)
+  local count = st.n
+  local r = {remaining = limit - math.min(count, limit), bucket = st.t}
+  local need = math.max(hits, 1)
+  if count > limit or need > limit - count then
+    if need > limit then
+      r.reset = st.w * 1000
+    else
+      -- when the (count+need-limit)-th oldest entry leaves the window
+      local left, x = count + need - limit, 0
+      for _, f in ipairs(st.ts) do
+        x = x + st.cnt[f]
+        if x >= left then
+          r.reset = clamp0(f + st.w - now) * 1000
+          break
+        end
+      end
+    end
+    return r
+  end
+  if hits == 0 then
+    r.allowed = true
+    r.reset = lgNewestAgeOut(st)
+    return r
+  end
+  if st.cnt[st.t] == nil then
+    st.ts[#st.ts + 1] = st.t -- t is at least every entry's time
+  end
+  st.cnt[st.t] = (st.cnt[st.t] or 0) + hits
+  st.n = count + hits
+  st.dirty[st.t], st.added = true, true
+  r.allowed, r.recorded = true, true
+  r.remaining = limit - count - hits
+  r.reset = lgNewestAgeOut(st)
+  return r
+end
+
+-- refund takes back the newest hits first, never below zero.
+function LG.refund(st, hits)
+  while hits > 0 and #st.ts > 0 do
+    local f = st.ts[#st.ts]
+    local sub = math.min(st.cnt[f], hits)
+    st.cnt[f] = st.cnt[f] - sub
+    st.n = st.n - sub
+    st.dirty[f] = true
+    hits = hits - sub
+    if st.cnt[f] == 0 then
+      st.cnt[f] = nil
+      st.ts[#st.ts] = nil
+    end
+  end
+end
+
+function LG.write(key, st)
+  local any = false
+  for f in pairs(st.dirty) do
+    any = true
+    if st.cnt[f] then
+      redis.call('HSET', key, field(f), st.cnt[f])
+    else
+      redis.call('HDEL', key, field(f))
+    end
+  end
+  if any then
+    redis.call('HSET', key, 'seen', field(st.t))
+    -- the newest entry (at most t) leaves the window by t + W
+    redis.call('PEXPIRE', key, math.ceil((st.t - now + st.w) / 1000) + 1)
+  end
+  return any
+end
+
 ----------------------------------------------------------------- the batch
-local algs = {[0] = SW, [1] = TB, [2] = FW}
+local algs = {[0] = SW, [1] = TB, [2] = FW, [3] = LG}
 
 local n = #KEYS
 local reqs = {}

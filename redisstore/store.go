@@ -130,10 +130,9 @@ var (
 	_ window.AlgorithmChecker = (*Store)(nil)
 )
 
-// SupportsAlgorithm reports whether the Store serves a: SlidingWindow,
-// TokenBucket and FixedWindow (window.SlidingLog has no Redis script yet,
-// so rules asking for it are rejected when loaded).
-func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.FixedWindow }
+// SupportsAlgorithm reports whether the Store serves a: every Algorithm of
+// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog).
+func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.SlidingLog }
 
 // New returns a Store for the settings. It does not wait for Redis: it
 // starts a health check that runs until ctx is done or Close is called,
@@ -315,6 +314,9 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
 			return nil, fmt.Errorf("request %d (key %q): %v is not supported by the Redis backend", i, reqs[i].Key, reqs[i].Algorithm)
 		}
+		if reqs[i].Algorithm == window.SlidingLog && reqs[i].Limit > window.MaxLogLimit {
+			return nil, fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, window.ErrLogLimit)
+		}
 	}
 
 	// The local cache answers keys known to be over their limit.
@@ -447,18 +449,25 @@ func (s *Store) redisKey(key string) string {
 }
 
 // counterKey returns the Redis key of req's counter: redisKey, with a
-// suffix naming the algorithm for the token bucket (":tb") and the fixed
-// window (":fw"), so that a key never meets a layout it was not written
-// with. The hash tag, hence the slot, is the same for every algorithm.
+// suffix naming the algorithm for the token bucket (":tb"), the fixed
+// window (":fw") and the sliding log (":log"), so that a key never meets a
+// layout it was not written with. The hash tag, hence the slot, is the
+// same for every algorithm.
 func (s *Store) counterKey(req *window.Request) string {
 	switch req.Algorithm {
 	case window.TokenBucket:
 		return s.redisKey(req.Key) + ":tb"
 	case window.FixedWindow:
 		return s.redisKey(req.Key) + ":fw"
+	case window.SlidingLog:
+		return s.redisKey(req.Key) + ":log"
 	}
 	return s.redisKey(req.Key)
 }
+
+// logBucket converts a sliding log's Result.Bucket (ns, as in
+// window.LogCounter) to and from the script's microseconds.
+const logBucket = int64(time.Microsecond)
 
 // flag renders a bool as a script argument.
 func flag(b bool) string {
@@ -591,6 +600,9 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 				Reset:     time.Duration(v[3]), // ns
 				Bucket:    v[4],
 			}
+			if reqs[i].Algorithm == window.SlidingLog {
+				results[i].Bucket *= logBucket
+			}
 			if reqs[i].Veto && !reqs[i].Negative && !results[i].Allowed {
 				vetoed = true
 			}
@@ -680,7 +692,11 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 		for j, i := range gr.idx {
 			r := &reqs[i]
 			c.keys[j] = keys[i]
-			c.args = append(c.args, int(r.Algorithm), results[i].Bucket, min(r.Hits, maxLimit),
+			bucket := results[i].Bucket
+			if r.Algorithm == window.SlidingLog {
+				bucket /= logBucket
+			}
+			c.args = append(c.args, int(r.Algorithm), bucket, min(r.Hits, maxLimit),
 				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
 		}
 	}

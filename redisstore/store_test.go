@@ -442,14 +442,19 @@ func TestInvalidSpec(t *testing.T) {
 			t.Errorf("spec %+v: no error", sp)
 		}
 	}
-	// An algorithm without a script is an error, and SupportsAlgorithm
-	// says so beforehand (the service rejects such rules when loading).
+	// An unknown algorithm is an error, and SupportsAlgorithm says so
+	// beforehand (the service rejects such rules when loading).
 	sp := mustSpec(t, time.Second, 10)
-	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog} {
+	unknown := window.SlidingLog + 1
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, unknown} {
 		_, err := s.Do(ctx, []window.Request{{Key: "alg", Spec: sp, Limit: 1, Hits: 1, Algorithm: a}})
-		if supported := s.SupportsAlgorithm(a); supported != (err == nil) || supported == (a == window.SlidingLog) {
+		if supported := s.SupportsAlgorithm(a); supported != (err == nil) || supported == (a == unknown) {
 			t.Errorf("%v: supported %t, Do error %v", a, supported, err)
 		}
+	}
+	// A sliding log's limit is bounded, as in memory.
+	if _, err := s.Do(ctx, []window.Request{{Key: "log", Spec: sp, Limit: window.MaxLogLimit + 1, Hits: 1, Algorithm: window.SlidingLog}}); !errors.Is(err, window.ErrLogLimit) {
+		t.Errorf("sliding log above MaxLogLimit: %v, want ErrLogLimit", err)
 	}
 	// Empty batches cost nothing.
 	if res, err := s.Do(ctx, nil); err != nil || len(res) != 0 {

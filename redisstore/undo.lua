@@ -4,7 +4,7 @@
 -- ARGV[1]  the time in microseconds, or "" to read Redis's TIME.
 -- KEYS[i]  counter i
 -- ARGV[2+6*(i-1) .. 7+6*(i-1)], for counter i: algorithm (0 sliding,
---          1 token bucket, 2 fixed window), the bucket the hits were
+--          1 token bucket, 2 fixed window, 3 sliding log), the bucket the hits were
 --          recorded in (Result.Bucket), the hits, the limit, bucket length
 --          in microseconds, buckets per window.
 --
@@ -13,7 +13,8 @@
 -- take back. Token bucket: the TAT moves back by the hits' emission
 -- intervals, never before now (a bucket never fills beyond full). Fixed
 -- window: the hits come off the window they were recorded in, if it is
--- still the newest.
+-- still the newest. Sliding log: up to the hits come off the entries stamped
+-- with the time they were recorded at.
 
 if redis.replicate_commands then
   pcall(redis.replicate_commands)
@@ -98,6 +99,16 @@ for i = 1, #KEYS do
       local c = tonumber(redis.call('HGET', key, field))
       if c and c > 0 then
         redis.call('HINCRBY', key, field, -math.min(c, hits))
+      end
+    end
+  elseif alg == '3' then
+    -- the entries stamped at the time the hits were recorded at
+    local c = tonumber(redis.call('HGET', key, field))
+    if c then
+      if c > hits then
+        redis.call('HINCRBY', key, field, -hits)
+      else
+        redis.call('HDEL', key, field)
       end
     end
   else
