@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -27,15 +28,138 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `
 
-// buildBinary builds the command into a temporary directory.
+// binary is the command built once by TestMain, buildErr why it was not.
+var binary, buildErr = "", error(nil)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimit-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "ratelimit")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildBinary returns the built command.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ratelimit")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	return bin
+	return binary
+}
+
+// runningBinary is the command serving on loopback ports.
+type runningBinary struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	lines    chan map[string]any // JSON log lines after "serving"
+	out      *io.PipeWriter
+}
+
+// startBinary runs the command with env (on top of free loopback ports and
+// JSON logs) and waits for its "serving" log line, which names the bound
+// addresses. Log lines before it are passed to seen.
+func startBinary(t *testing.T, seen func(map[string]any), env ...string) *runningBinary {
+	t.Helper()
+	cmd := exec.Command(buildBinary(t))
+	cmd.Env = environ(append([]string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "DEBUG_PORT=0",
+		"LOG_FORMAT=json"}, env...)...)
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	rb := &runningBinary{cmd: cmd, lines: make(chan map[string]any, 100), out: pw}
+	go func() {
+		defer close(rb.lines)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				rb.lines <- m
+			} else {
+				t.Logf("non-JSON log line: %s", sc.Text())
+			}
+		}
+	}()
+	deadline := time.After(30 * time.Second)
+	for rb.grpcAddr == "" {
+		select {
+		case m, ok := <-rb.lines:
+			if !ok {
+				t.Fatal("binary exited before serving")
+			}
+			if m["msg"] == "serving" {
+				rb.grpcAddr, _ = m["grpc"].(string)
+			} else if seen != nil {
+				seen(m)
+			}
+		case <-deadline:
+			t.Fatal("no serving log line")
+		}
+	}
+	return rb
+}
+
+// stop sends SIGTERM and checks the process exits with status 0 after
+// logging "stopped".
+func (rb *runningBinary) stop(t *testing.T) {
+	t.Helper()
+	if err := rb.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- rb.cmd.Wait(); rb.out.Close() }()
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v, want status 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("binary did not exit after SIGTERM")
+	}
+	var sawStopped bool
+	for m := range rb.lines {
+		sawStopped = sawStopped || m["msg"] == "stopped"
+	}
+	if !sawStopped {
+		t.Error(`no "stopped" log line`)
+	}
+}
+
+// dial connects to the binary's gRPC listener and waits for SERVING.
+func (rb *runningBinary) dial(t *testing.T) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(rb.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	return rlsv3.NewRateLimitServiceClient(cc)
+}
+
+// expectCodes makes one call per wanted code, in order.
+func expectCodes(t *testing.T, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, want ...rlsv3.RateLimitResponse_Code) {
+	t.Helper()
+	for i, w := range want {
+		resp, err := client.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.GetOverallCode() != w {
+			t.Fatalf("call %d: %v %v, want %v", i, resp, err, w)
+		}
+	}
 }
 
 // environ is os.Environ without the variables the server reads, plus env.
@@ -54,7 +178,6 @@ func environ(env ...string) []string {
 }
 
 func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
-	bin := buildBinary(t)
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
 		t.Fatal(err)
@@ -62,88 +185,34 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "config", "rules.yaml"), []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin)
-	cmd.Env = environ("GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "DEBUG_PORT=0",
-		"RUNTIME_ROOT="+root, "LOG_FORMAT=json")
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-
-	// The log's "serving" line names the bound addresses.
-	lines := make(chan map[string]any, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				lines <- m
-			} else {
-				t.Logf("non-JSON log line: %s", sc.Text())
-			}
-		}
-	}()
-	var grpcAddr string
-	deadline := time.After(30 * time.Second)
-	for grpcAddr == "" {
-		select {
-		case m, ok := <-lines:
-			if !ok {
-				t.Fatal("binary exited before serving")
-			}
-			if m["msg"] == "serving" {
-				grpcAddr, _ = m["grpc"].(string)
-			}
-		case <-deadline:
-			t.Fatal("no serving log line")
-		}
-	}
-
-	cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	h, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
-	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("health: %v %v", h, err)
-	}
-	client := rlsv3.NewRateLimitServiceClient(cc)
+	rb := startBinary(t, nil, "RUNTIME_ROOT="+root)
 	req := &rlsv3.RateLimitRequest{Domain: "bin", Descriptors: []*rlcommonv3.RateLimitDescriptor{
 		{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}}},
 	}}
-	for _, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
-		resp, err := client.ShouldRateLimit(ctx, req)
-		if err != nil || resp.GetOverallCode() != want {
-			t.Fatalf("ShouldRateLimit: %v %v, want %v", resp, err, want)
-		}
-	}
+	expectCodes(t, rb.dial(t), req, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT)
+	rb.stop(t)
+}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+// TestBinaryOnAFreshClone runs the command as the README's run command
+// does, with no rule directory: it serves the embedded example rules and
+// says so.
+func TestBinaryOnAFreshClone(t *testing.T) {
+	if _, err := os.Stat("/srv/runtime_data/current/config"); err == nil {
+		t.Skip("this machine has a rule directory at the default RUNTIME_ROOT")
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait(); pw.Close() }()
-	select {
-	case err := <-waited:
-		if err != nil {
-			t.Errorf("exit after SIGTERM: %v, want status 0", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("binary did not exit after SIGTERM")
+	var warned bool
+	rb := startBinary(t, func(m map[string]any) {
+		warned = warned || (m["level"] == "WARN" && strings.Contains(fmt.Sprint(m["msg"]), "EMBEDDED EXAMPLE"))
+	})
+	if !warned {
+		t.Error("no warning that the embedded example rules are in use")
 	}
-	var sawStopped bool
-	for m := range lines {
-		sawStopped = sawStopped || m["msg"] == "stopped"
-	}
-	if !sawStopped {
-		t.Error(`no "stopped" log line`)
-	}
+	req := &rlsv3.RateLimitRequest{Domain: "example", Descriptors: []*rlcommonv3.RateLimitDescriptor{
+		{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: "path", Value: "/login"}}},
+	}}
+	ok := rlsv3.RateLimitResponse_OK
+	expectCodes(t, rb.dial(t), req, ok, ok, ok, ok, ok, rlsv3.RateLimitResponse_OVER_LIMIT)
+	rb.stop(t)
 }
 
 func TestBinaryCheckConfig(t *testing.T) {
