@@ -37,9 +37,26 @@ var (
 )
 
 // LimiterError is the error ShouldRateLimit returns when the window.Limiter
-// fails: gRPC Unavailable (or Canceled/DeadlineExceeded when the caller's
-// context ended), wrapping the cause.
-type LimiterError struct{ Err error }
+// fails: gRPC Unavailable, or Canceled/DeadlineExceeded when the caller's
+// own context ended, wrapping the cause. The code follows the caller's
+// context, not the cause: a backend dial timeout wraps
+// context.DeadlineExceeded although the caller still waits.
+type LimiterError struct {
+	Err  error
+	code codes.Code
+}
+
+// newLimiterError wraps err, choosing the code from the caller's ctx.
+func newLimiterError(ctx context.Context, err error) *LimiterError {
+	code := codes.Unavailable
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		code = codes.Canceled
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	}
+	return &LimiterError{Err: err, code: code}
+}
 
 func (e *LimiterError) Error() string { return "rate limit backend: " + e.Err.Error() }
 
@@ -48,12 +65,9 @@ func (e *LimiterError) Unwrap() error { return e.Err }
 
 // GRPCStatus maps the error to a gRPC status.
 func (e *LimiterError) GRPCStatus() *status.Status {
-	code := codes.Unavailable
-	switch {
-	case errors.Is(e.Err, context.Canceled):
-		code = codes.Canceled
-	case errors.Is(e.Err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
+	code := e.code
+	if code == codes.OK {
+		code = codes.Unavailable
 	}
 	return status.New(code, e.Error())
 }
@@ -170,8 +184,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		if err != nil {
 			s.metrics.error(errTypeLimiter)
-			s.log.Warn("rate limit backend failed", "domain", domain, "err", err)
-			return nil, &LimiterError{Err: err}
+			s.backendWarn.log(s.log, "rate limit backend failed", "domain", domain, "err", err)
+			return nil, newLimiterError(ctx, err)
 		}
 	}
 
@@ -184,8 +198,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if err := s.undo(ctx, sc, results, over); err != nil {
 		s.metrics.error(errTypeLimiter)
-		s.log.Warn("rate limit backend failed to undo hits", "domain", domain, "err", err)
-		return nil, &LimiterError{Err: err}
+		s.backendWarn.log(s.log, "rate limit backend failed to undo hits", "domain", domain, "err", err)
+		return nil, newLimiterError(ctx, err)
 	}
 	s.count(sc, st, domain, results)
 

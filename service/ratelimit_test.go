@@ -1,8 +1,11 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
@@ -472,32 +475,59 @@ func (f failingLimiter) Undo(context.Context, []window.Request, []window.Result)
 
 func TestLimiterError(t *testing.T) {
 	cause := errors.New("redis: connection refused")
+	dialTimeout := fmt.Errorf("redis: dial tcp: i/o timeout: %w", context.DeadlineExceeded)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Unix(0, 0))
+	defer cancel2()
 	tests := []struct {
+		name string
+		ctx  context.Context
 		err  error
 		code codes.Code
 	}{
-		{cause, codes.Unavailable},
-		{context.Canceled, codes.Canceled},
-		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{"backend down", context.Background(), cause, codes.Unavailable},
+		// A backend timeout is not the caller's deadline: the caller still
+		// waits and should be told the backend is unavailable.
+		{"backend dial timeout", context.Background(), dialTimeout, codes.Unavailable},
+		{"caller gave up", canceled, context.Canceled, codes.Canceled},
+		{"caller deadline passed", expired, dialTimeout, codes.DeadlineExceeded},
 	}
 	for _, tt := range tests {
 		h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.Limiter = failingLimiter{err: tt.err} })
-		_, err := h.call(req("test", desc("k", "exact")))
+		_, err := h.svc.ShouldRateLimit(tt.ctx, req("test", desc("k", "exact")))
 		if grpcstatus.Code(err) != tt.code || !errors.Is(err, tt.err) {
-			t.Errorf("limiter error %v: got %v (code %v), want code %v wrapping the cause", tt.err, err, grpcstatus.Code(err), tt.code)
+			t.Errorf("%s: got %v (code %v), want code %v wrapping the cause", tt.name, err, grpcstatus.Code(err), tt.code)
 		}
 		var le *LimiterError
 		if !errors.As(err, &le) {
-			t.Errorf("error %T is not a *LimiterError", err)
+			t.Errorf("%s: error %T is not a *LimiterError", tt.name, err)
 		}
 		// Descriptors that need no counter do not reach the limiter.
 		resp, err := h.call(req("test", desc("free", "x"), desc("x", "y")))
 		if err != nil || resp.OverallCode != codeOK {
-			t.Errorf("unlimited/unmatched request with a failing limiter: %v %v", resp, err)
+			t.Errorf("%s: unlimited/unmatched request with a failing limiter: %v %v", tt.name, resp, err)
 		}
 		if got := testutil.ToFloat64(h.svc.metrics.errors.WithLabelValues(errTypeLimiter)); got != 1 {
-			t.Errorf("should_rate_limit_error{limiter} = %v, want 1", got)
+			t.Errorf("%s: should_rate_limit_error{limiter} = %v, want 1", tt.name, got)
 		}
+	}
+}
+
+func TestBackendFailuresLogThrottled(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+		o.Limiter = failingLimiter{err: errors.New("redis: connection refused")}
+		o.Logger = logger
+	})
+	for range 1000 {
+		if _, err := h.call(req("test", desc("k", "exact"))); err == nil {
+			t.Fatal("a failing limiter answered without error")
+		}
+	}
+	if lines := strings.Count(buf.String(), "rate limit backend failed"); lines != 1 {
+		t.Fatalf("1000 failures in a burst logged %d lines, want 1:\n%s", lines, buf.String())
 	}
 }
 

@@ -103,13 +103,15 @@ type Options struct {
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	limiter   window.Limiter
-	breakers  Breakers
-	log       *slog.Logger
-	shadow    bool
-	buckets   int
-	nearRatio float64
-	metrics   *metrics
+	limiter  window.Limiter
+	breakers Breakers
+	log      *slog.Logger
+	// backendWarn keeps a backend outage from logging once per request.
+	backendWarn throttledLog
+	shadow      bool
+	buckets     int
+	nearRatio   float64
+	metrics     *metrics
 
 	headers     HeaderMode
 	headerNames headerNames
