@@ -7,12 +7,14 @@
 //
 // Each counter is one Redis hash whose hash tag is the whole Request.Key
 // (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), plus ":tb" for a token
-// bucket and ":fw" for a fixed window. A sliding window's fields are bucket
-// epochs (floor(now / bucket length), now being Redis's TIME in
-// microseconds) whose values are the hits recorded in the bucket; a token
-// bucket's fields are "tat" (GCRA's theoretical arrival time) and "seen"
-// (the newest time written), in nanoseconds; a fixed window's one field is
-// the window number, whose value is its count. One Lua script (allow.lua)
+// bucket, ":fw" for a fixed window and ":log" for a sliding log. A sliding
+// window's fields are bucket epochs (floor(now / bucket length), now being
+// Redis's TIME in microseconds) whose values are the hits recorded in the
+// bucket; a token bucket's fields are "tat" (GCRA's theoretical arrival
+// time) and "seen" (the newest time written), in nanoseconds; a fixed
+// window's one field is the window number, whose value is its count; a
+// sliding log's fields are admission times (microseconds) valued with the
+// hits admitted then, and "seen". One Lua script (allow.lua)
 // reads, checks and updates every counter of a batch at once, whatever
 // their algorithms; every write re-arms the key's TTL, so idle counters
 // vanish.
