@@ -18,8 +18,9 @@ import (
 
 // subscribe follows the xDS management server (CONFIG_TYPE=GRPC_XDS_SOTW)
 // until ctx is done. Every rule set it sends is checked like a file reload:
-// one the service or the breakers cannot serve is logged and counted, and
-// the last good rules keep serving.
+// one that does not convert, or that the service or the breakers cannot
+// serve, is NACKed with the reason, logged and counted, and the last good
+// rules keep serving.
 func (l *ruleLoader) subscribe(ctx context.Context, x config.XDS) error {
 	dial, err := xdsDialOptions(x)
 	if err != nil {
@@ -36,9 +37,17 @@ func (l *ruleLoader) subscribe(ctx context.Context, x config.XDS) error {
 		DialOptions:    dial,
 		BackoffInitial: x.BackoffInitial,
 		BackoffMax:     x.BackoffMax,
-		Apply:          func(set *descriptors.Set) { l.offer(set) },
+		// A set the service or the breakers cannot serve is NACKed with
+		// the reason, like one that does not convert.
+		Apply: func(set *descriptors.Set) error {
+			if err := l.sink.CheckRules(set); err != nil {
+				return err
+			}
+			l.apply(set)
+			return nil
+		},
 		OnResult: func(err error) {
-			if err != nil { // NACKed: the set did not even convert
+			if err != nil {
 				l.reject(err)
 			}
 		},

@@ -39,11 +39,14 @@ type Options struct {
 	// BackoffInitial and BackoffMax bound the delay between reconnection
 	// attempts; it doubles after each failure and resets after a response.
 	BackoffInitial, BackoffMax time.Duration
-	// Apply installs a validated rule set; it is called from the
+	// Apply installs a converted rule set, or refuses it with the reason
+	// (for example rules the service cannot serve): a refused set is NACKed
+	// and the last good rules keep serving. It is called from the
 	// subscription's goroutine.
-	Apply func(*descriptors.Set)
+	Apply func(*descriptors.Set) error
 	// OnResult, when set, is told the outcome of every response: nil for an
-	// applied (ACKed) one, the reason for a rejected (NACKed) one.
+	// applied (ACKed) one, the reason for a rejected (NACKed) one, whether
+	// it failed to convert or Apply refused it.
 	OnResult func(err error)
 	// Logger receives connection and validation events.
 	Logger *slog.Logger
@@ -116,6 +119,9 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (received bo
 		}
 		received = true
 		set, err := convert(resp)
+		if err == nil {
+			err = opts.Apply(set)
+		}
 		if opts.OnResult != nil {
 			opts.OnResult(err)
 		}
@@ -126,7 +132,6 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (received bo
 			}
 			continue
 		}
-		opts.Apply(set)
 		logger.Info("xds rules applied", "resources", len(resp.Resources))
 		if err := client.Ack(); err != nil {
 			return received, fmt.Errorf("sending ACK: %w", err)

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -129,7 +130,15 @@ func TestSubscribeAppliesAcksNacksAndReconnects(t *testing.T) {
 			DialOptions:    []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
 			BackoffInitial: 10 * time.Millisecond,
 			BackoffMax:     50 * time.Millisecond,
-			Apply:          func(s *descriptors.Set) { applied <- s },
+			Apply: func(s *descriptors.Set) error {
+				// A rule set the caller refuses (here: a domain named
+				// "refused") is NACKed like one that fails to convert.
+				if s.HasDomain("refused") {
+					return errors.New("domain refused by the service")
+				}
+				applied <- s
+				return nil
+			},
 		})
 	}()
 	next := func() *descriptors.Set {
@@ -170,6 +179,20 @@ func TestSubscribeAppliesAcksNacksAndReconnects(t *testing.T) {
 	default:
 	}
 
+	// A config that converts but that Apply refuses is NACKed too.
+	m.publish(t, "2b", config("refused", "refused", "user", 5))
+	refused := m.waitRequest(t, "NACKing version 2b", func(r *discoverygrpc.DiscoveryRequest) bool {
+		return strings.Contains(r.GetErrorDetail().GetMessage(), "refused by the service")
+	})
+	if refused.GetVersionInfo() != "1" {
+		t.Fatalf("NACK carries version %q, want the last good version 1", refused.GetVersionInfo())
+	}
+	select {
+	case s := <-applied:
+		t.Fatalf("a refused config was applied: %v", s)
+	default:
+	}
+
 	// A fixed config is applied again.
 	m.publish(t, "3", config("edge-rules", "edge", "user", 30))
 	if got := limitOf(t, next(), "edge", "user"); got != 30 {
@@ -201,4 +224,3 @@ func TestSubscribeRequiresApply(t *testing.T) {
 		t.Fatal("Subscribe without Apply succeeded")
 	}
 }
-
