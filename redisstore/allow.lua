@@ -11,6 +11,9 @@
 --   2 fixed window (window.FixedCounter): KEYS[i] is a hash with one field,
 --     the window number floor(now / W), whose value is the hits counted in
 --     that window.
+--   3 sliding log (window.LogCounter): KEYS[i] is a hash whose fields are
+--     the times (microseconds) hits were admitted at, valued with the hits
+--     admitted then, plus "seen" (the newest time written, microseconds).
 --
 -- ARGV[1]  "1": dry run, record nothing (answers only, as if vetoed).
 -- ARGV[2]  the time in microseconds, or "" to read Redis's TIME (the
@@ -19,10 +22,6 @@
 --          bucket length b in microseconds, buckets per window k (the window
 --          W is k*b), limit, hits (0: check whether one more hit would fit),
 --          veto ("1"/"0"), algorithm (0/1/2/3), negative ("1": a refund).
---
---   3 sliding log (window.LogCounter): KEYS[i] is a hash whose fields are
---     the times (microseconds) hits were admitted at, valued with the hits
---     admitted then, plus "seen" (the newest time written).
 --
 -- Returns 5 integers per counter: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding: epoch; fixed: window number;
@@ -353,9 +352,8 @@ function FW.write(key, st)
 end
 
 --------------------------------------------------------------- sliding log
--- The exact log (window.LogCounter): KEYS[i] is a hash whose fields are
--- the times (microseconds) hits were admitted at, each valued with the
--- hits admitted then, plus "seen" (the newest time written).
+-- The exact log (window.LogCounter), one field per admission time; a call
+-- reads the whole log (at most limit fields).
 local LG = {}
 
 function LG.load(key, b, k)
