@@ -13,7 +13,7 @@ FUZZTIME ?= 5s
 # Length of `make soak` (`make test` runs the same soak for 3s per backend).
 SOAK ?= 3m
 
-.PHONY: run test bench soak check-config
+.PHONY: run test bench soak check-config accuracy loadtest
 
 run:
 	$(GO) run ./cmd/ratelimit
@@ -30,6 +30,17 @@ bench:
 soak:
 	LEAPGATE_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 30m -v ./server
 	SOAK_DURATION=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 10m -v ./soak/
+
+# Accuracy of every admission algorithm against an exact sliding log on a
+# virtual clock (deterministic tables; see README "Accuracy").
+accuracy:
+	$(GO) run ./cmd/accuracy
+
+# Load test of the real binary over loopback gRPC next to an empty-handler
+# ceiling (see README "Benchmarks"); LOADTEST_FLAGS=-backend both adds Redis.
+LOADTEST_FLAGS ?= -duration 10s -concurrency 32 -backend both
+loadtest:
+	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
 
 # Validate a rule directory: make check-config DIR=path/to/rules
 check-config:
