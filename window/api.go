@@ -23,16 +23,17 @@
 //
 // The price is that a hit keeps counting for between W and W+b, so under
 // sustained overload a key gets somewhat less than its limit. Measured by
-// BenchmarkFalseRejects (Poisson traffic at 1.5x the limit, against an exact
-// sliding log over the same arrivals):
+// BenchmarkShortfall (Poisson traffic at 1.5x the limit, against an exact
+// sliding log over the same arrivals; shortfall = capacity lost as a share
+// of requests):
 //
-//	buckets  false rejects  quota used  bytes per key (BenchmarkBytesPerKey)
+//	buckets  shortfall  quota used  bytes per key (BenchmarkBytesPerKey)
 //	      1         32.0 %      50.9 %     152
 //	     10          5.0 %      92.3 %     232
 //	     20          2.4 %      96.4 %     312
 //	     60          0.70 %     98.9 %     648
 //
-// DefaultBuckets is 20: about 2 % false rejects at 1.5x overload for about
+// DefaultBuckets is 20: about 2 % of requests lost at 1.5x overload for about
 // 300 bytes per active key (map entry and a 24-byte key included); each
 // further bucket costs 8 bytes per key. 20 also divides every whole-second
 // window (60 does not divide one second).
