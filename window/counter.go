@@ -70,11 +70,8 @@ func (c *Counter) Spec() Spec { return Spec{length: c.bucketLen * c.buckets, buc
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
 	e := c.advance(now)
-	// LRU needs only bucket precision: writing the shared word once per
-	// bucket, not per call, keeps concurrent callers off each other's cache
-	// line. (A racy max, fine for LRU.)
-	if now > 0 && int64(now)-c.used.Load() >= c.bucketLen {
-		c.used.Store(int64(now))
+	if now > 0 && int64(now) > c.used.Load() {
+		c.used.Store(int64(now)) // racy max, fine for LRU
 	}
 	if hits == 0 {
 		return c.check(now, e, limit)
@@ -114,8 +111,8 @@ func (c *Counter) CountAt(now time.Duration) uint64 {
 	return c.total.Load()
 }
 
-// LastUsed returns the latest time passed to AllowAt, to within one bucket
-// length (reads such as CountAt do not count as use).
+// LastUsed returns the latest time passed to AllowAt (reads such as
+// CountAt do not count as use).
 func (c *Counter) LastUsed() time.Duration {
 	return time.Duration(c.used.Load())
 }
