@@ -27,71 +27,40 @@ func newClient(s config.Redis) (redis.UniversalClient, bool, error) {
 		return nil, false, err
 	}
 	user, pass := splitAuth(s.Auth)
-	network := strings.ToLower(s.SocketType)
 	// Each Do is one non-idempotent script call: a retry after a timeout
 	// could count the hits twice, so go-redis must not retry (MaxRetries -1).
 	// Cluster redirections (MOVED/ASK) are safe: the command did not run.
-	noMaint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	common := &redis.UniversalOptions{
+		Username:                 user,
+		Password:                 pass,
+		Protocol:                 2,
+		DialTimeout:              s.Timeout,
+		ReadTimeout:              s.Timeout,
+		WriteTimeout:             s.Timeout,
+		PoolTimeout:              s.Timeout,
+		PoolSize:                 s.PoolSize,
+		MaxRetries:               -1,
+		ContextTimeoutEnabled:    true, // the caller's deadline bounds the call too
+		DialerRetries:            1,    // one dial per attempt: a dead Redis costs one Timeout, not five
+		TLSConfig:                tlsConfig,
+		DisableIdentity:          true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
 	switch strings.ToLower(s.Type) {
 	case config.RedisSentinel:
 		parts := strings.Split(s.URL, ",")
-		suser, spass := splitAuth(s.SentinelAuth)
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            strings.TrimSpace(parts[0]),
-			SentinelAddrs:         trimAll(parts[1:]),
-			SentinelUsername:      suser,
-			SentinelPassword:      spass,
-			Username:              user,
-			Password:              pass,
-			Protocol:              2,
-			DialTimeout:           s.Timeout,
-			ReadTimeout:           s.Timeout,
-			WriteTimeout:          s.Timeout,
-			PoolTimeout:           s.Timeout,
-			PoolSize:              s.PoolSize,
-			MaxRetries:            -1,
-			ContextTimeoutEnabled: true, // the caller's deadline bounds the call too
-			DialerRetries:         1,
-			TLSConfig:             tlsConfig,
-			DisableIdentity:       true,
-		}), false, nil
+		common.MasterName = strings.TrimSpace(parts[0])
+		common.Addrs = trimAll(parts[1:])
+		common.SentinelUsername, common.SentinelPassword = splitAuth(s.SentinelAuth)
+		return redis.NewFailoverClient(common.Failover()), false, nil
 	case config.RedisCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    trimAll(strings.Split(s.URL, ",")),
-			Username:                 user,
-			Password:                 pass,
-			Protocol:                 2,
-			DialTimeout:              s.Timeout,
-			ReadTimeout:              s.Timeout,
-			WriteTimeout:             s.Timeout,
-			PoolTimeout:              s.Timeout,
-			PoolSize:                 s.PoolSize,
-			MaxRetries:               -1,
-			ContextTimeoutEnabled:    true, // the caller's deadline bounds the call too
-			DialerRetries:            1,    // one dial per attempt: a dead Redis costs one Timeout, not five
-			TLSConfig:                tlsConfig,
-			DisableIdentity:          true,
-			MaintNotificationsConfig: noMaint,
-		}), true, nil
+		common.Addrs = trimAll(strings.Split(s.URL, ","))
+		return redis.NewClusterClient(common.Cluster()), true, nil
 	default:
-		return redis.NewClient(&redis.Options{
-			Network:                  network,
-			Addr:                     strings.TrimSpace(s.URL),
-			Username:                 user,
-			Password:                 pass,
-			Protocol:                 2,
-			DialTimeout:              s.Timeout,
-			ReadTimeout:              s.Timeout,
-			WriteTimeout:             s.Timeout,
-			PoolTimeout:              s.Timeout,
-			PoolSize:                 s.PoolSize,
-			MaxRetries:               -1,
-			ContextTimeoutEnabled:    true, // the caller's deadline bounds the call too
-			DialerRetries:            1,    // one dial per attempt: a dead Redis costs one Timeout, not five
-			TLSConfig:                tlsConfig,
-			DisableIdentity:          true,
-			MaintNotificationsConfig: noMaint,
-		}), false, nil
+		opts := common.Simple()
+		opts.Network = strings.ToLower(s.SocketType)
+		opts.Addr = strings.TrimSpace(s.URL)
+		return redis.NewClient(opts), false, nil
 	}
 }
 
