@@ -126,11 +126,16 @@ func TestRedisBackendTwoReplicas(t *testing.T) {
 	}
 
 	r.kill()
-	eventually(t, "NOT_SERVING with Redis down", func() bool {
-		code, _ := get(t, a.httpURL("/healthcheck"))
-		return code == http.StatusInternalServerError &&
-			healthStatus(t, a.conn(t), "") == healthpb.HealthCheckResponse_NOT_SERVING
-	})
+	// Both replicas must have seen the outage before Redis returns: a
+	// replica whose health watcher has not yet noticed would still report
+	// SERVING below and make "SERVING after Redis returns" pass too early.
+	for _, ts := range []*testServer{a, b} {
+		eventually(t, "NOT_SERVING with Redis down", func() bool {
+			code, _ := get(t, ts.httpURL("/healthcheck"))
+			return code == http.StatusInternalServerError &&
+				healthStatus(t, ts.conn(t), "") == healthpb.HealthCheckResponse_NOT_SERVING
+		})
+	}
 	if _, err := clients[0].ShouldRateLimit(ctx, request("shared", []string{"user", "dave"})); err == nil {
 		t.Fatal("ShouldRateLimit answered with Redis down in failure mode error")
 	}
