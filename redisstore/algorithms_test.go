@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -27,9 +28,9 @@ type diffKey struct {
 // answers: every algorithm, mixed batches, repeated keys, check-only
 // requests, refunds, vetoes, and Undo of recorded hits.
 func TestMatchesInMemoryStore(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sw, tb, fw, lg := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog
 	for _, tc := range []struct {
@@ -138,8 +139,8 @@ func describe(batch []window.Request) string {
 // TestMixedBatchOneRoundTrip: a batch mixing every algorithm, check-only
 // requests and a refund costs one round trip, and so does its Undo.
 func TestMixedBatchOneRoundTrip(t *testing.T) {
-	r := startRedis(t)
-	s := newTestStore(t, settingsFor(r.addr()), Options{HealthInterval: time.Hour})
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{HealthInterval: time.Hour})
 	waitHealthy(t, s)
 	rt := countRoundTrips(s)
 	sp := mustSpec(t, time.Minute, 10)
@@ -193,13 +194,13 @@ func TestMixedBatchOneRoundTrip(t *testing.T) {
 // the whole batch, whatever its algorithms, record nothing and apply no
 // refund; without the veto the others count.
 func TestVetoAcrossAlgorithms(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
 	ft.set(base)
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
 	dump := func() map[string]map[string]string {
 		keys, err := rdb.Keys(ctx, "*").Result()
@@ -292,9 +293,9 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 // whose clock is behind) no algorithm forgets or ignores hits: each stands
 // still at the newest time it has written.
 func TestClockStepsBack(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, 10*time.Second, 10)
 	ctx := context.Background()
 	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog} {
@@ -328,10 +329,10 @@ func TestClockStepsBack(t *testing.T) {
 // TestRefundClearsLocalCache: a refund makes the replica ask Redis again
 // for a key its over-limit cache had refused.
 func TestRefundClearsLocalCache(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
 	ft.set(base)
-	st := settingsFor(r.addr())
+	st := settingsFor(r.Addr())
 	st.LocalCacheSizeInBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: ft}), ft)
 	sp := mustSpec(t, time.Minute, 6)
@@ -361,11 +362,11 @@ func TestRefundClearsLocalCache(t *testing.T) {
 // it must be written in full (Lua's tostring would give a 14-digit
 // exponent form), so that the hits are found again.
 func TestMicrosecondBuckets(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
 	at := base + 123456*time.Microsecond
 	ft.set(at)
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, time.Second, 1_000_000)
 	q := window.Request{Key: "micro", Spec: sp, Limit: 5, Hits: 2, Veto: true}
@@ -376,7 +377,7 @@ func TestMicrosecondBuckets(t *testing.T) {
 	if res, err := s.Do(ctx, []window.Request{q}); err != nil || res[0].Remaining != 3 {
 		t.Fatalf("check after 2 hits: %+v %v, want 3 remaining", res, err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
 	fields, err := rdb.HKeys(ctx, s.redisKey("micro")).Result()
 	if want := fmt.Sprint(int64(at / time.Microsecond)); err != nil || len(fields) != 1 || fields[0] != want {
@@ -387,9 +388,9 @@ func TestMicrosecondBuckets(t *testing.T) {
 // TestSlidingLogEdge: a sliding log's hit leaves the window exactly W after
 // it was admitted (the window is (now-W, now]).
 func TestSlidingLogEdge(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, 10*time.Second, 1)
 	q := []window.Request{{Key: "edge", Spec: sp, Limit: 1, Hits: 1, Veto: true, Algorithm: window.SlidingLog}}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -22,8 +23,8 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkDo -benchmem -benchtime 20000x ./redisstore/
 func BenchmarkDo(b *testing.B) {
-	r := startRedis(b)
-	st := settingsFor(r.addr())
+	r := redistest.Start(b)
+	st := settingsFor(r.Addr())
 	st.PoolSize = 16
 	s := newTestStore(b, st, Options{HealthInterval: time.Hour})
 	waitHealthy(b, s)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -20,15 +21,15 @@ import (
 // and returns its addresses once every node reports cluster_state:ok.
 func startCluster(t *testing.T) []string {
 	t.Helper()
-	needRedis(t)
+	redistest.Need(t)
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		t.Skip("redis-cli is not installed (apt-get install -y redis-tools); skipping the cluster test")
 	}
 	var addrs []string
 	for range 3 {
-		r := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		r := redistest.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "5000")
-		addrs = append(addrs, r.addr())
+		addrs = append(addrs, r.Addr())
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -56,12 +57,12 @@ func waitUnhealthy(t *testing.T, stores ...*Store) {
 // while it is down, restarts it and checks that every Store recovers by
 // itself.
 func TestFailureModes(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	sp := mustSpec(t, time.Hour, 60)
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
 	mk := func(mode string, opts Options) *Store {
-		st := settingsFor(r.addr())
+		st := settingsFor(r.Addr())
 		st.FailureMode = mode
 		st.Timeout = time.Second
 		return newTestStore(t, st, opts)
@@ -116,7 +117,7 @@ func TestFailureModes(t *testing.T) {
 		}()
 	}
 	time.Sleep(50 * time.Millisecond) // let the load run against a live Redis
-	r.stop()
+	r.Kill()
 	waitUnhealthy(t, errStore, allowStore, denyStore, localStore)
 
 	// error: the first request to meet the outage gets the cause, wrapped;
@@ -180,7 +181,7 @@ func TestFailureModes(t *testing.T) {
 	}
 
 	// Redis returns: every store recovers without help.
-	r.start()
+	r.Restart()
 	waitHealthy(t, errStore, allowStore, denyStore, localStore)
 	close(stop)
 	wg.Wait()
@@ -208,8 +209,8 @@ func TestFailureModes(t *testing.T) {
 // the log and in Healthy, answers by the failure mode, and recovers when
 // Redis appears.
 func TestStartWithRedisDown(t *testing.T) {
-	needRedis(t)
-	port := freePort(t)
+	redistest.Need(t)
+	port := redistest.FreePort(t)
 	var logs syncBuffer
 	st := settingsFor("127.0.0.1:" + strconv.Itoa(port))
 	st.Auth = "user:s3cret-password"
@@ -226,9 +227,7 @@ func TestStartWithRedisDown(t *testing.T) {
 		t.Fatal("Do succeeded with Redis down in error mode")
 	}
 
-	r := &redisServer{t: t, port: port, dir: t.TempDir(), args: []string{"--user", "user", "on", ">s3cret-password", "~*", "+@all"}}
-	r.start()
-	t.Cleanup(r.stop)
+	redistest.StartOn(t, port, "--user", "user", "on", ">s3cret-password", "~*", "+@all")
 	waitHealthy(t, s)
 	if res, err := s.Do(context.Background(), []window.Request{{Key: "k", Spec: sp, Limit: 1, Hits: 1}}); err != nil || !res[0].Recorded {
 		t.Fatalf("after Redis started: %+v %v", res, err)
@@ -244,13 +243,13 @@ func TestStartWithRedisDown(t *testing.T) {
 // TestAuth: a password-protected Redis with REDIS_AUTH as password and as
 // user:password; a wrong password is a failure, not a hang.
 func TestAuth(t *testing.T) {
-	r := startRedis(t, "--requirepass", "pw")
+	r := redistest.Start(t, "--requirepass", "pw")
 	sp := mustSpec(t, time.Second, 10)
 	for _, tc := range []struct {
 		auth string
 		ok   bool
 	}{{"pw", true}, {"default:pw", true}, {"wrong", false}, {"", false}} {
-		st := settingsFor(r.addr())
+		st := settingsFor(r.Addr())
 		st.Auth = tc.auth
 		s := newTestStore(t, st, Options{})
 		_, err := s.Do(context.Background(), []window.Request{{Key: "k", Spec: sp, Limit: 5, Hits: 1}})

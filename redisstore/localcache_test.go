@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -15,12 +16,12 @@ import (
 // round trip, until its Reset has passed on the local clock; then Redis is
 // asked again.
 func TestLocalCache(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	redisTime := &fakeTime{}
 	redisTime.set(base)
 	localClock := &fakeTime{}
 	localClock.set(time.Hour) // deliberately unrelated to Redis's time
-	st := settingsFor(r.addr())
+	st := settingsFor(r.Addr())
 	st.LocalCacheSizeInBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: localClock, HealthInterval: time.Hour}), redisTime)
 	waitHealthy(t, s)

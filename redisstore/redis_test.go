@@ -2,11 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os/exec"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,85 +10,6 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 )
-
-// redisServer is a real redis-server child process on a free loopback port.
-type redisServer struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
-}
-
-// needRedis skips the test when redis-server is not installed.
-func needRedis(t testing.TB) {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install -y redis-server redis-tools); skipping the Redis integration test")
-	}
-}
-
-// startRedis starts redis-server with extra arguments and waits until it
-// answers PING. It is killed when the test ends.
-func startRedis(t testing.TB, extra ...string) *redisServer {
-	t.Helper()
-	needRedis(t)
-	r := &redisServer{t: t, port: freePort(t), dir: t.TempDir(), args: extra}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-// start (re)starts the server on its port.
-func (r *redisServer) start() {
-	r.t.Helper()
-	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir}, r.args...)
-	r.cmd = exec.Command("redis-server", args...)
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatalf("starting redis-server: %v", err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond)
-		if err == nil {
-			fmt.Fprint(c, "PING\r\n")
-			buf := make([]byte, 64)
-			c.SetReadDeadline(time.Now().Add(time.Second))
-			n, _ := c.Read(buf)
-			c.Close()
-			if strings.HasPrefix(string(buf[:n]), "+PONG") || strings.HasPrefix(string(buf[:n]), "-NOAUTH") {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("redis-server on %s did not start: %v", r.addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop kills the server (SIGKILL: a crash, not a shutdown) and waits for it.
-func (r *redisServer) stop() {
-	if r.cmd == nil || r.cmd.Process == nil {
-		return
-	}
-	r.cmd.Process.Kill()
-	r.cmd.Wait()
-	r.cmd = nil
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // settingsFor returns default settings pointing at addr.
 func settingsFor(addr string) config.Redis {

@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
 // TestSentinel: REDIS_TYPE=sentinel finds the master through a real
 // sentinel (password-protected, REDIS_SENTINEL_AUTH) and counts there.
 func TestSentinel(t *testing.T) {
-	master := startRedis(t)
-	port := freePort(t)
+	master := redistest.Start(t)
+	port := redistest.FreePort(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
-	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nrequirepass spw\nsentinel monitor mymaster 127.0.0.1 %d 1\n", port, dir, master.port)
+	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nrequirepass spw\nsentinel monitor mymaster 127.0.0.1 %d 1\n", port, dir, master.Port)
 	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func TestSentinel(t *testing.T) {
 		}
 	}
 	// The hits are on the master.
-	direct := newTestStore(t, settingsFor(master.addr()), Options{})
+	direct := newTestStore(t, settingsFor(master.Addr()), Options{})
 	res, err := direct.Do(ctx, []window.Request{{Key: "sentinel", Spec: sp, Limit: 3, Hits: 0}})
 	if err != nil || res[0].Allowed || res[0].Remaining != 0 {
 		t.Fatalf("master's view: %+v %v", res, err)
@@ -61,15 +62,15 @@ func TestSentinelFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("failover takes a few seconds")
 	}
-	master := startRedis(t)
-	replica := startRedis(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.port))
-	port := freePort(t)
+	master := redistest.Start(t)
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.Port))
+	port := redistest.FreePort(t)
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
 		"sentinel monitor mymaster 127.0.0.1 %d 1\n"+
 		"sentinel down-after-milliseconds mymaster 300\n"+
-		"sentinel failover-timeout mymaster 2000\n", port, dir, master.port)
+		"sentinel failover-timeout mymaster 2000\n", port, dir, master.Port)
 	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestSentinelFailover(t *testing.T) {
 		}
 	}
 	// Let the replica catch up, then kill the master.
-	direct := newTestStore(t, settingsFor(replica.addr()), Options{})
+	direct := newTestStore(t, settingsFor(replica.Addr()), Options{})
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		res, err := direct.Do(ctx, []window.Request{{Key: "failover", Spec: sp, Limit: 10, Hits: 0}})
 		if err == nil && res[0].Remaining == 6 {
@@ -106,7 +107,7 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	master.stop()
+	master.Kill()
 
 	var res []window.Result
 	var err error

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/service"
 )
 
@@ -48,8 +49,8 @@ func benchRequest(descs ...[]string) *rlsv3.RateLimitRequest {
 //
 //	go test -run '^$' -bench BenchmarkShouldRateLimitRedis -benchmem -benchtime 20000x ./redisstore/
 func BenchmarkShouldRateLimitRedis(b *testing.B) {
-	r := startRedis(b)
-	st := settingsFor(r.addr())
+	r := redistest.Start(b)
+	st := settingsFor(r.Addr())
 	st.PoolSize = 16
 	store := newTestStore(b, st, Options{HealthInterval: time.Hour})
 	waitHealthy(b, store)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -40,9 +41,9 @@ const base = 1_800_000_000 * time.Second
 // TestAnswers checks exact answers of hand-made cases (1 s window, 10
 // buckets of 100 ms).
 func TestAnswers(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, time.Second, 10)
 	type step struct {
@@ -110,9 +111,9 @@ func TestAnswers(t *testing.T) {
 // TestNoBoundaryBurst: a full limit at the end of one window and another
 // at the start of the next must not both pass.
 func TestNoBoundaryBurst(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Second, 10)
 	ctx := context.Background()
 	admitted := 0
@@ -136,13 +137,13 @@ func TestNoBoundaryBurst(t *testing.T) {
 // TestVetoAllOrNothing: one refused Veto request records nothing for the
 // whole batch; refused non-Veto requests do not stop the others.
 func TestVetoAllOrNothing(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
 	ft.set(base)
-	s := withFakeTime(newTestStore(t, settingsFor(r.addr()), Options{}), ft)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
 	count := func(key string) int64 {
 		vals, err := rdb.HVals(ctx, "{"+key+"}").Result()
@@ -221,10 +222,10 @@ func TestVetoAllOrNothing(t *testing.T) {
 // TestTTLOnEveryKey: every key written carries a TTL of at most a window
 // plus a bucket, and stale buckets are pruned.
 func TestTTLOnEveryKey(t *testing.T) {
-	r := startRedis(t)
+	r := redistest.Start(t)
 	ft := &fakeTime{}
 	ft.set(base)
-	st := settingsFor(r.addr())
+	st := settingsFor(r.Addr())
 	st.CacheKeyPrefix = "lg_"
 	s := withFakeTime(newTestStore(t, st, Options{}), ft)
 	ctx := context.Background()
@@ -239,7 +240,7 @@ func TestTTLOnEveryKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
 	keys, err := rdb.Keys(ctx, "*").Result()
 	if err != nil {
@@ -278,11 +279,11 @@ func TestTTLOnEveryKey(t *testing.T) {
 // TestNoScriptReload: after SCRIPT FLUSH (or a Redis restart) the script is
 // sent again and the call succeeds.
 func TestNoScriptReload(t *testing.T) {
-	r := startRedis(t)
-	s := newTestStore(t, settingsFor(r.addr()), Options{})
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{})
 	sp := mustSpec(t, time.Second, 10)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: r.addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
 	for i := range 3 {
 		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -307,8 +308,8 @@ func TestNoScriptReload(t *testing.T) {
 // TestOneRoundTrip: a Do costs one round trip whatever the number of
 // descriptors.
 func TestOneRoundTrip(t *testing.T) {
-	r := startRedis(t)
-	s := newTestStore(t, settingsFor(r.addr()), Options{HealthInterval: time.Hour})
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{HealthInterval: time.Hour})
 	waitHealthy(t, s)
 	rt := countRoundTrips(s)
 	sp := mustSpec(t, time.Second, 10)
@@ -332,9 +333,9 @@ func TestOneRoundTrip(t *testing.T) {
 // admit exactly the limit under concurrent load within one window, Redis's
 // clock deciding.
 func TestGlobalLimitAcrossStores(t *testing.T) {
-	r := startRedis(t)
-	a := newTestStore(t, settingsFor(r.addr()), Options{})
-	b := newTestStore(t, settingsFor(r.addr()), Options{})
+	r := redistest.Start(t)
+	a := newTestStore(t, settingsFor(r.Addr()), Options{})
+	b := newTestStore(t, settingsFor(r.Addr()), Options{})
 	waitHealthy(t, a, b)
 	// A window far longer than the test: every admitted hit is inside one
 	// window, so the limit is an exact bound on the admitted total.
@@ -394,8 +395,8 @@ func (s skewedClock) Now() time.Duration { return s.c.Now() + s.skew }
 // TestClockSkewIrrelevant: replicas whose local clocks disagree by hours
 // agree on every answer, because Redis's TIME decides the window.
 func TestClockSkewIrrelevant(t *testing.T) {
-	r := startRedis(t)
-	st := settingsFor(r.addr())
+	r := redistest.Start(t)
+	st := settingsFor(r.Addr())
 	st.LocalCacheSizeInBytes = 1 << 20 // the only user of the local clock
 	mono := window.NewMonotonicClock()
 	a := newTestStore(t, st, Options{Clock: mono})
@@ -433,8 +434,8 @@ func TestClockSkewIrrelevant(t *testing.T) {
 // TestInvalidSpec: specs the script cannot represent are errors, not
 // silent truncation.
 func TestInvalidSpec(t *testing.T) {
-	r := startRedis(t)
-	s := newTestStore(t, settingsFor(r.addr()), Options{})
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{})
 	ctx := context.Background()
 	odd := mustSpec(t, 1000*time.Nanosecond, 8) // 125 ns buckets
 	for _, sp := range []window.Spec{{}, odd} {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -91,7 +92,7 @@ func (ca *testCA) issue(t *testing.T, dir, name, dnsName string) (certFile, keyF
 // default) and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, against a redis-server
 // on a TLS-only port whose certificate names another host.
 func TestTLS(t *testing.T) {
-	needRedis(t)
+	redistest.Need(t)
 	dir := t.TempDir()
 	ca := newTestCA(t, "leapgate test CA")
 	caFile := filepath.Join(dir, "ca.pem")
@@ -105,7 +106,7 @@ func TestTLS(t *testing.T) {
 	serverCert, serverKey := ca.issue(t, dir, "server", "redis.invalid")
 	clientCert, clientKey := ca.issue(t, dir, "client", "leapgate")
 
-	port := freePort(t)
+	port := redistest.FreePort(t)
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--tls-cert-file", serverCert, "--tls-key-file", serverKey, "--tls-ca-cert-file", caFile,
 		"--save", "", "--appendonly", "no", "--dir", dir)

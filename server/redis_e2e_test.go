@@ -2,10 +2,7 @@ package server_test
 
 import (
 	"context"
-	"net"
 	"net/http"
-	"os/exec"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,59 +12,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 )
-
-// redisProc is a redis-server child process on a fixed loopback port.
-type redisProc struct {
-	port int
-	dir  string
-	cmd  *exec.Cmd
-}
-
-// startRedisServer starts redis-server on a free port (the test is skipped
-// when redis-server is not installed) and kills it when the test ends.
-func startRedisServer(t *testing.T) *redisProc {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed (apt-get install -y redis-server); skipping the Redis end-to-end test")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &redisProc{port: l.Addr().(*net.TCPAddr).Port, dir: t.TempDir()}
-	l.Close()
-	r.start(t)
-	t.Cleanup(r.kill)
-	return r
-}
-
-func (r *redisProc) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-func (r *redisProc) start(t *testing.T) {
-	t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir)
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "redis-server listening", func() bool {
-		c, err := net.DialTimeout("tcp", r.addr(), 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
-}
-
-// kill ends the server abruptly (a crash).
-func (r *redisProc) kill() {
-	if r.cmd != nil && r.cmd.Process != nil {
-		r.cmd.Process.Kill()
-		r.cmd.Wait()
-		r.cmd = nil
-	}
-}
 
 const redisRules = `domain: shared
 descriptors:
@@ -82,10 +28,10 @@ descriptors:
 // Redis (failure mode error): NOT_SERVING and errors while it is down, back
 // to SERVING and answers when it returns.
 func TestRedisBackendTwoReplicas(t *testing.T) {
-	r := startRedisServer(t)
+	r := redistest.Start(t)
 	mod := func(s *config.Settings) {
 		s.BackendType = config.BackendRedis
-		s.Redis.URL = r.addr()
+		s.Redis.URL = r.Addr()
 		s.Redis.Timeout = 2 * time.Second // a busy shared test machine
 	}
 	a := start(t, map[string]string{"rules.yaml": redisRules}, mod)
@@ -125,7 +71,7 @@ func TestRedisBackendTwoReplicas(t *testing.T) {
 		t.Fatalf("two replicas admitted %d and refused %d of 80, want 25 and 55", ok.Load(), over.Load())
 	}
 
-	r.kill()
+	r.Kill()
 	// Both replicas must have seen the outage before Redis returns: a
 	// replica whose health watcher has not yet noticed would still report
 	// SERVING below and make "SERVING after Redis returns" pass too early.
@@ -140,7 +86,7 @@ func TestRedisBackendTwoReplicas(t *testing.T) {
 		t.Fatal("ShouldRateLimit answered with Redis down in failure mode error")
 	}
 
-	r.start(t)
+	r.Restart()
 	eventually(t, "SERVING after Redis returns", func() bool {
 		code, _ := get(t, b.httpURL("/healthcheck"))
 		return code == http.StatusOK

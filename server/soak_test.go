@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // soakDuration is LEAPGATE_SOAK (`make soak` sets minutes); unset, the soak
@@ -108,9 +109,9 @@ func TestSoak(t *testing.T) {
 		checkHeap(t, heapMid, heapEnd)
 	})
 	t.Run("redis", func(t *testing.T) {
-		r := startRedisServer(t)
+		r := redistest.Start(t)
 		mod := func(s *config.Settings) {
-			s.BackendType, s.Redis.URL, s.Redis.Timeout = config.BackendRedis, r.addr(), 2*time.Second
+			s.BackendType, s.Redis.URL, s.Redis.Timeout = config.BackendRedis, r.Addr(), 2*time.Second
 		}
 		stats, final, heapMid, heapEnd := soak(t, d, mod, r)
 		// Failure mode error: calls fail only while Redis is down, with
@@ -148,7 +149,7 @@ func heapNow() uint64 {
 
 // soak runs the load for d and returns what it saw and the remaining quota
 // of the total limit afterwards.
-func soak(t *testing.T, d time.Duration, mod func(*config.Settings), r *redisProc) (st *soakStats, final uint32, heapMid, heapEnd uint64) {
+func soak(t *testing.T, d time.Duration, mod func(*config.Settings), r *redistest.Server) (st *soakStats, final uint32, heapMid, heapEnd uint64) {
 	ts := start(t, map[string]string{"rules.yaml": soakRules(5), "breaker.yaml": soakBreakerRules}, mod)
 	cc := ts.conn(t)
 	eventually(t, "SERVING", func() bool { return healthStatus(t, cc, "") == healthpb.HealthCheckResponse_SERVING })
@@ -235,8 +236,8 @@ func soak(t *testing.T, d time.Duration, mod func(*config.Settings), r *redisPro
 		case <-ctx.Done():
 		case <-time.After(d / 4):
 		}
-		r.kill()
-		r.start(t)
+		r.Kill()
+		r.Restart()
 		eventually(t, "SERVING after Redis restarted", func() bool {
 			return healthStatus(t, cc, "") == healthpb.HealthCheckResponse_SERVING
 		})

@@ -12,13 +12,11 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +38,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/server"
 )
 
@@ -123,95 +122,16 @@ func rulesVersion(keys []*soakKey, version int) string {
 // keep serving.
 const badRules = "domain: soak\ndescriptors:\n  - key: key\n    value: [unclosed\n    rate_limit: {unit: day\n"
 
-// redisProc is a persistent redis-server on a fixed loopback port.
-type redisProc struct {
-	port int
-	dir  string
-	cmd  *exec.Cmd
-}
-
-func (r *redisProc) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-// start (re)starts redis-server with an append-only file fsynced on every
-// write, in its own directory, and waits until it answers PING.
+// startPersistentRedis starts redis-server with an append-only file
+// fsynced on every write, in its own directory; it is killed when the test
+// ends.
 //
 // A SIGKILL of the process loses nothing Redis has write(2)n to the AOF: the
 // kernel keeps it. appendfsync always matters for a crash of the host
 // (power loss), which this test cannot cause; with appendfsync everysec the
 // soak passes too, and with appendonly no it fails (counts lost).
-func (r *redisProc) start(t *testing.T) {
-	t.Helper()
-	r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", r.dir)
-	if err := r.cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// The answer must come from our process: while Redis was down,
-		// another program may have taken the port.
-		if redisPID(r.addr()) == r.cmd.Process.Pid {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server (pid %d) on %s did not answer (port taken by another process?)", r.cmd.Process.Pid, r.addr())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// kill sends SIGKILL (a crash, not a shutdown) and waits for the process.
-func (r *redisProc) kill() {
-	if r.cmd == nil || r.cmd.Process == nil {
-		return
-	}
-	r.cmd.Process.Kill()
-	r.cmd.Wait()
-	r.cmd = nil
-}
-
-// redisPID returns the process_id a Redis server on addr reports once it
-// answers PING with PONG (not LOADING), or 0.
-func redisPID(addr string) int {
-	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-	if err != nil {
-		return 0
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := io.WriteString(c, "PING\r\nINFO server\r\n"); err != nil {
-		return 0
-	}
-	var reply strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := c.Read(buf)
-		reply.Write(buf[:n])
-		text := reply.String()
-		if i := strings.Index(text, "process_id:"); i >= 0 {
-			rest := text[i+len("process_id:"):]
-			if j := strings.Index(rest, "\r\n"); j >= 0 {
-				if !strings.HasPrefix(text, "+PONG") {
-					return 0 // LOADING
-				}
-				pid, _ := strconv.Atoi(rest[:j])
-				return pid
-			}
-		}
-		if err != nil {
-			return 0
-		}
-	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+func startPersistentRedis(t *testing.T) *redistest.Server {
+	return redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 }
 
 // writeAtomic replaces dir/name by a rename, as a ConfigMap update does, so
@@ -330,9 +250,7 @@ func TestSoak(t *testing.T) {
 	baseline := goleak.IgnoreCurrent()
 	setupStart := time.Now()
 
-	redis := &redisProc{port: freePort(t), dir: t.TempDir()}
-	redis.start(t)
-	defer redis.kill() // on a failed test; killed explicitly below otherwise
+	redis := startPersistentRedis(t) // killed explicitly below on success
 
 	keys := newKeys()
 	ruleDir := filepath.Join(t.TempDir(), "config")
@@ -348,7 +266,7 @@ func TestSoak(t *testing.T) {
 	s.ReloadDebounce = 20 * time.Millisecond
 	s.DrainTimeout = 10 * time.Second
 	s.BackendType = config.BackendRedis
-	s.Redis.URL = redis.addr()
+	s.Redis.URL = redis.Addr()
 	s.Redis.FailureMode = config.RedisFailError
 	// REDIS_TIMEOUT is generous: on a busy, shared 2-core machine under
 	// -race a reply can take over a second, and a call that times out is
@@ -528,12 +446,12 @@ func TestSoak(t *testing.T) {
 	killedAt := time.Now()
 	out.killedAt.Store(killedAt.UnixNano())
 	killed.Store(true)
-	redis.kill()
+	redis.Kill()
 	if !poll(context.Background(), 10*time.Second, func() bool { return !serving() }) {
 		t.Errorf("health did not turn NOT_SERVING with Redis down (failure mode error)")
 	}
 	time.Sleep(time.Second) // Redis stays down: calls meet the failure mode
-	redis.start(t)
+	redis.Restart()
 	restartedAt := time.Now()
 	waitFor(t, "the server SERVING after Redis restarted", 10*time.Second, serving)
 	out.servingAt.Store(time.Now().UnixNano())
@@ -577,7 +495,7 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("server did not shut down within 30s")
 	}
 	cc.Close()
-	redis.kill()
+	redis.Kill()
 
 	// Report.
 	var total int64
@@ -596,7 +514,7 @@ func TestSoak(t *testing.T) {
 		ext.observed.Load(), ext.continued.Load()+ext.refused.Load(), ext.continued.Load(), ext.refused.Load(), ext.errors.Load())
 	t.Logf("reloads: %d good and %d bad written; config loads %v OK, %v rejected", reloads.good.Load(), reloads.bad.Load(), loadOK, loadErrors)
 	t.Logf("heap in use after GC: %d KiB at a quarter, %d KiB at the end (bound: +%d KiB)", heapMid>>10, heapEnd>>10, heapGrowthBound>>10)
-	t.Logf("Redis append-only files: %d bytes", dirSize(redis.dir))
+	t.Logf("Redis append-only files: %d bytes", dirSize(redis.Dir))
 	t.Logf("server log: %d warnings, %d errors", logs.warn.Load(), logs.err.Load())
 	for _, line := range logs.errorLines() {
 		t.Logf("server error log: %s", line)
