@@ -39,46 +39,14 @@
 -- nanoseconds relative to now, and its absolute times are stored as decimal
 -- strings.
 
-if redis.replicate_commands then
-  pcall(redis.replicate_commands) -- effects replication (a no-op from Redis 7)
-end
-
-local now -- microseconds
-if ARGV[2] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[2])
-end
+local now = nowMicros(ARGV[2])
 local dry = ARGV[1] == '1'
-
--- idiv is floor(a / c) for a >= 0, c > 0, exact.
-local function idiv(a, c)
-  return (a - math.fmod(a, c)) / c
-end
 
 local function clamp0(x)
   if x < 0 then
     return 0
   end
   return x
-end
-
--- ns strings <-> (microseconds, nanosecond remainder)
-local function parseNs(s)
-  if s == nil or s == false then
-    return nil
-  end
-  if #s <= 3 then
-    return 0, tonumber(s)
-  end
-  return tonumber(string.sub(s, 1, -4)), tonumber(string.sub(s, -3))
-end
-local function formatNs(us, rem)
-  if us == 0 then
-    return string.format('%d', rem)
-  end
-  return string.format('%.0f%03d', us, rem)
 end
 
 -- field names a bucket or window number (tostring would switch to an

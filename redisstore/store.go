@@ -54,15 +54,19 @@ import (
 	"github.com/leapgate/leapgate/window"
 )
 
+//go:embed common.lua
+var commonLua string
+
 //go:embed allow.lua
 var allowLua string
 
 //go:embed undo.lua
 var undoLua string
 
+// The scripts share common.lua's helpers, prepended to each.
 var (
-	allowScript = redis.NewScript(allowLua)
-	undoScript  = redis.NewScript(undoLua)
+	allowScript = redis.NewScript(commonLua + allowLua)
+	undoScript  = redis.NewScript(commonLua + undoLua)
 )
 
 // maxLimit is the largest limit enforced, as in window.Counter (Envoy's

@@ -16,38 +16,7 @@
 -- still the newest. Sliding log: up to the hits come off the entries stamped
 -- with the time they were recorded at.
 
-if redis.replicate_commands then
-  pcall(redis.replicate_commands)
-end
-
-local now -- microseconds
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
-
-local function idiv(a, c)
-  return (a - math.fmod(a, c)) / c
-end
-
-local function parseNs(s)
-  if s == nil or s == false then
-    return nil
-  end
-  if #s <= 3 then
-    return 0, tonumber(s)
-  end
-  return tonumber(string.sub(s, 1, -4)), tonumber(string.sub(s, -3))
-end
-
-local function formatNs(us, rem)
-  if us == 0 then
-    return string.format('%d', rem)
-  end
-  return string.format('%.0f%03d', us, rem)
-end
+local now = nowMicros(ARGV[1])
 
 for i = 1, #KEYS do
   local a = 2 + 6 * (i - 1)
