@@ -3,9 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,35 +78,16 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 				}
 			}
 			b.Run(fmt.Sprintf("descriptors=%d/keys=%d", descriptors, keys), func(b *testing.B) {
-				var next atomic.Int64
-				var mu sync.Mutex
-				var lat []time.Duration
-				before := rt.n.Load()
-				b.ReportAllocs()
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					ctx := context.Background()
-					mine := make([]time.Duration, 0, 1024)
-					for pb.Next() {
-						req := reqs[int(next.Add(1))%len(reqs)]
-						start := time.Now()
+				runTimed(b, rt, func() func(ctx context.Context, i int) error {
+					return func(ctx context.Context, i int) error {
+						req := reqs[i%len(reqs)]
 						resp, err := svc.ShouldRateLimit(ctx, req)
-						if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-							b.Errorf("%v %v", resp, err)
-							return
+						if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+							err = fmt.Errorf("answer %v, want OK", resp)
 						}
-						mine = append(mine, time.Since(start))
+						return err
 					}
-					mu.Lock()
-					lat = append(lat, mine...)
-					mu.Unlock()
 				})
-				b.StopTimer()
-				slices.Sort(lat)
-				if len(lat) > 0 {
-					b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
-				}
-				b.ReportMetric(float64(rt.n.Load()-before)/float64(b.N), "roundtrips/op")
 			})
 		}
 	}
