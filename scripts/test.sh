@@ -64,7 +64,8 @@ FUZZ_TARGETS=(
 	"./service FuzzReport"
 	"./service FuzzShouldRateLimit"
 	"./server FuzzJSON"
-	"./window FuzzCounterMatchesModel"
+	"./window FuzzBucketCounterMatchesModel"
+	"./window FuzzCounterNeverUndercounts"
 	"./window FuzzLogCounterMatchesReference"
 )
 

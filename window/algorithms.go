@@ -12,9 +12,12 @@ type Algorithm uint8
 // The algorithms a Request may choose.
 const (
 	// SlidingWindow (the default) admits at most limit hits in any window
-	// of length Spec.Length(): no boundary burst. Pick it for "N per unit"
-	// limits that must hold over every trailing window. It costs about 300
-	// bytes per key with 20 buckets (see Counter).
+	// of length Spec.Length() (no boundary burst) and gives up less than
+	// one block, ceil(limit/Blocks) hits, of the capacity an exact sliding
+	// log would admit, whatever the traffic shape; for a limit of at most
+	// Blocks it is the exact sliding log, up to TickLength. 240 bytes per
+	// key whatever the limit; see Counter. The Spec's bucket count is
+	// ignored.
 	SlidingWindow Algorithm = iota
 	// TokenBucket is GCRA: a bucket of limit tokens refilled at limit per
 	// Spec.Length(), one timestamp per key. A full bucket admits a burst of
@@ -28,16 +31,23 @@ const (
 	// counted. Pick it to reproduce that service's behaviour exactly.
 	// Buckets are ignored.
 	FixedWindow
-	// SlidingLog is the exact sliding window: one timestamp per admitted
-	// hit, at most limit hits in any window of length Spec.Length() and
-	// no false rejects (a refusal always means the real window is full).
-	// Memory is 8 bytes per unit of limit (in a Store, with map entry and
-	// a 24-byte key: 232 bytes per key at limit 10, 248 at 12, 1048 at 100;
-	// BenchmarkBytesPerKey), so limits are capped at MaxLogLimit. Pick it
-	// for small limits (5 per minute per user, 10 per second per IP) that
-	// must be exact; it is the one algorithm with a per-key lock (see
-	// LogCounter). Buckets are ignored.
+	// SlidingLog is the exact sliding window to the nanosecond: one
+	// timestamp per admitted hit, at most limit hits in any window of
+	// length Spec.Length() and no false rejects. Memory is 8 bytes per unit
+	// of limit (BenchmarkBytesPerKey), so limits are capped at MaxLogLimit,
+	// and it is the one algorithm whose cost grows with the limit. The
+	// default SlidingWindow is the same log for limits up to Blocks (with
+	// timestamps rounded up to TickLength) in a fixed size, so SlidingLog
+	// is only for rules that need nanosecond timestamps. Buckets are
+	// ignored.
 	SlidingLog
+	// TimeBuckets is Sentinel's LeapArray made safe: Spec.Buckets() time
+	// buckets per window, the oldest (partly overlapping) bucket counted in
+	// full, so at most limit hits pass in any window; a hit counts for
+	// between W and W + W/buckets, which costs up to 1/(buckets+1) of the
+	// capacity under steady load and much more for bursty clients (see
+	// BucketCounter). Pick it for Sentinel's semantics or comparisons.
+	TimeBuckets
 )
 
 // String returns the algorithm's name in rule files.
@@ -51,12 +61,14 @@ func (a Algorithm) String() string {
 		return "fixed_window"
 	case SlidingLog:
 		return "sliding_log"
+	case TimeBuckets:
+		return "time_buckets"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
 // meter is what a Store keeps per key: one of Counter, GCRA, FixedCounter,
-// LogCounter.
+// LogCounter, BucketCounter.
 type meter interface {
 	AllowAt(now time.Duration, hits, limit uint64) Result
 	// undo takes back hits recorded in bucket under limit.
@@ -76,16 +88,18 @@ func newMeter(spec Spec, alg Algorithm) meter {
 		return NewFixedCounter(spec)
 	case SlidingLog:
 		return NewLogCounter(spec)
+	case TimeBuckets:
+		return NewBucketCounter(spec)
 	}
 	return NewCounter(spec)
 }
 
-func (c *Counter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
-func (c *Counter) refund(now time.Duration, hits, limit uint64) Result {
+func (c *BucketCounter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
+func (c *BucketCounter) refund(now time.Duration, hits, limit uint64) Result {
 	c.RefundAt(now, hits)
 	return c.AllowAt(now, 0, limit)
 }
-func (c *Counter) layout() (Spec, Algorithm) { return c.Spec(), SlidingWindow }
+func (c *BucketCounter) layout() (Spec, Algorithm) { return c.Spec(), TimeBuckets }
 
 // GCRA is a token bucket kept as one theoretical arrival time (TAT) per
 // key, updated by compare-and-swap (the generic cell rate algorithm). With

@@ -1,73 +1,39 @@
-// Package window implements sliding-window counters in the LeapArray style:
-// a fixed ring of time buckets per key, reset in place by compare-and-swap,
-// with a running sum so that an admission check does not walk the ring.
+// Package window implements the rate-limit counters: check-and-add of hits
+// against a limit over a sliding window, one counter per key, in memory.
 //
 // Every time-dependent method takes the current time explicitly (the ...At
 // style of golang.org/x/time/rate), as a Duration since the origin of a
 // monotonic Clock, so behaviour at window edges is testable without sleeping.
 //
-// # The guarantee: no boundary burst
+// # The default: full capacity, zero overshoot
 //
-// A window of length W is split into k buckets of length b = W/k (NewSpec
-// refuses a W that k does not divide). Bucket epoch e = floor(now/b). The
-// real window (now-W, now] overlaps buckets e-k .. e, so a Counter keeps a
-// ring of k+1 slots and its admission check counts all of them, the oldest
-// (only partly inside the window) in full. This is conservative and gives
-// an exact bound: in any window of length W at most limit hits are
-// admitted, whatever the bucket count. (Proof: the last admitted hit of any
-// real window saw every earlier hit of that window in its sum, since those
-// lie in buckets it still counted.) A plain LeapArray, which counts only
-// the whole buckets, admits up to 2x the limit in one real window: a burst
-// at the end of its oldest bucket and another right after that bucket
-// expires.
-//
-// The price is that a hit keeps counting for between W and W+b, so under
-// sustained overload a key gets somewhat less than its limit. Measured by
-// BenchmarkShortfall (Poisson traffic at 1.5x the limit, against an exact
-// sliding log over the same arrivals; shortfall = capacity lost as a share
-// of requests):
-//
-//	buckets  shortfall  quota used  bytes per key (BenchmarkBytesPerKey)
-//	      1         32.0 %      50.9 %     152
-//	     10          5.0 %      92.3 %     232
-//	     20          2.4 %      96.4 %     312
-//	     60          0.70 %     98.9 %     648
-//
-// DefaultBuckets is 20: about 2 % of requests lost at 1.5x overload for about
-// 300 bytes per active key (map entry and a 24-byte key included); each
-// further bucket costs 8 bytes per key. 20 also divides every whole-second
-// window (60 does not divide one second).
-//
-// # Counting without locks
-//
-// Each slot is one 64-bit word packing the bucket's epoch (high 32 bits) and
-// its count (low 32 bits): adding to a bucket and resetting it for a newer
-// epoch are each one compare-and-swap on that word, so a writer is never
-// wiped by a concurrent reset. A running total of all undrained counts is
-// admitted against by compare-and-swap (check-and-add is atomic: at most
-// limit hits are admitted on a key under any concurrency, and refused hits
-// are never counted). When the newest epoch moves, the slots that left the
-// window are drained from the total, each count exactly once. A clock that
-// steps back is treated as standing still: counts are neither dropped nor
-// ignored.
+// The default algorithm, SlidingWindow, is served by Counter, a
+// count-quantised checkpoint log in 240 bytes per key: admitted hits are
+// grouped, in arrival order, into blocks of ceil(limit/Blocks), and each
+// closed block keeps only the time of its newest hit. Its estimate of the
+// hits in (now-W, now] is never below the real count (so in any window of
+// length W at most limit hits are admitted: no boundary burst, under any
+// concurrency) and less than one block above it (so it admits all but less
+// than 1/Blocks of what an exact sliding log would, whatever the traffic
+// shape, and exactly what the log admits for limits up to Blocks). See
+// Counter for why, and cmd/accuracy for the measurements.
 //
 // Remaining is limit minus the counted hits. Reset is, for an allowed
 // request, when everything counted will have aged out; for a refused one,
-// the exact time at which enough buckets will have left the window for the
-// same request to pass (an honest Retry-After), or the full window length
-// when no window can ever take it (hits greater than the limit, limit 0).
+// the time at which enough hits will have left the window for the same
+// request to pass (an honest Retry-After), or the full window length when
+// no window can ever take it (hits greater than the limit, limit 0).
 //
 // # Other algorithms
 //
 // A Request may choose TokenBucket (GCRA, one timestamp per key: bursts of
 // up to the limit, exact retry times), FixedWindow (envoyproxy/ratelimit's
-// epoch-aligned windows, without counting refused hits) or SlidingLog (the
-// exact sliding window: one timestamp per admitted hit, no overshoot and no
-// false rejects, memory proportional to the limit, limits up to
-// MaxLogLimit) instead of the default SlidingWindow; see Algorithm. The
-// bucketed default trades a few per cent of the quota (a hit counts for up
-// to W+W/k) for a size independent of the limit; SlidingLog is exact and
-// fits in the same memory up to a limit of about 12 (BenchmarkBytesPerKey).
+// epoch-aligned windows, without counting refused hits), SlidingLog (the
+// exact sliding window to the nanosecond, memory proportional to the limit,
+// limits up to MaxLogLimit) or TimeBuckets (Sentinel's LeapArray with the
+// oldest bucket counted in full: no boundary burst, but a hit counts for up
+// to W+W/k, so it refuses part of what the limit allows; see BucketCounter)
+// instead; see Algorithm.
 //
 // # Store
 //
@@ -78,8 +44,14 @@ package window
 
 import (
 	"context"
+	"math"
 	"time"
 )
+
+// MaxLimit is the largest limit the counters enforce; larger limits are
+// clamped to it. Counts are 32-bit fields that never exceed the limit, and
+// Envoy's requests_per_unit is itself a uint32.
+const MaxLimit = math.MaxUint32
 
 // Clock reads a monotonic time as the Duration elapsed since its origin.
 // It never steps backwards for the process's own clock; windows nevertheless

@@ -17,7 +17,7 @@ import (
 func BenchmarkCounterAllowAt(b *testing.B) {
 	for _, k := range []int{10, 20, 60} {
 		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
-			c := NewCounter(mustSpec(b, 1200*time.Millisecond, k))
+			c := NewBucketCounter(mustSpec(b, 1200*time.Millisecond, k))
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				// Each goroutine keeps its own clock (1 µs per call), as
@@ -35,7 +35,7 @@ func BenchmarkCounterAllowAt(b *testing.B) {
 
 // BenchmarkCounterAllowAtRefused is the over-limit path (with its Retry-After walk).
 func BenchmarkCounterAllowAtRefused(b *testing.B) {
-	c := NewCounter(mustSpec(b, time.Hour, DefaultBuckets))
+	c := NewBucketCounter(mustSpec(b, time.Hour, DefaultBuckets))
 	c.AllowAt(0, 100, 100)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -137,11 +137,11 @@ func bytesPerKeyAt(tb testing.TB, k int, alg Algorithm, limit uint64, n int) flo
 // BenchmarkShortfall measures, for several bucket counts, what counting
 // the oldest bucket in full (what rules out the boundary burst) costs on
 // steady traffic at 1.5x the limit (Poisson arrivals, limit 100 per 1.2 s,
-// 200 windows): an exact sliding log and a Counter see the same arrivals;
+// 200 windows): an exact sliding log and a BucketCounter see the same arrivals;
 // "shortfall-%" is the capacity lost, (log admitted - counter admitted) /
-// offered, and "quota-used-%" the Counter's admissions as a share of the
+// offered, and "quota-used-%" the BucketCounter's admissions as a share of the
 // log's. This is not the "false rejects" of cmd/accuracy (refusals while
-// the exact log of the Counter's own admissions shows room), which is
+// the exact log of the BucketCounter's own admissions shows room), which is
 // higher under overload; see README "Accuracy".
 func BenchmarkShortfall(b *testing.B) {
 	for _, k := range []int{1, 2, 4, 10, 20, 50, 60, 100} {
@@ -162,7 +162,7 @@ func shortfallRate(tb testing.TB, k int) (shortfallPct, usedPct float64) {
 		windows = 200
 	)
 	w := 1200 * time.Millisecond // divisible by every bucket count measured
-	c := NewCounter(mustSpec(tb, w, k))
+	c := NewBucketCounter(mustSpec(tb, w, k))
 	rng := rand.New(rand.NewPCG(42, 7))
 	mean := float64(w) / (1.5 * limit)
 	var log []time.Duration // the exact sliding log's admitted hits, oldest first

@@ -1,311 +1,323 @@
 package window
 
 import (
-	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// MaxLimit is the largest limit a Counter enforces; larger limits are
-// clamped to it. A bucket's count is a 32-bit field and never exceeds the
-// limit, and Envoy's requests_per_unit is itself a uint32.
-const MaxLimit = math.MaxUint32
+// Blocks is the number of closed blocks a Counter remembers. A limit of at
+// most Blocks is counted hit by hit (block size 1: the exact sliding log, up
+// to tick rounding); a larger limit groups hits into blocks of
+// ceil(limit/Blocks). It is what fits the Counter in 240 bytes.
+const Blocks = 98
 
-// Counter is the sliding window of one key: a ring of time buckets with a
-// running sum. It guarantees that in any window of length Spec.Length() at
-// most limit hits are admitted (see the package documentation for why).
-//
-// Each of the ring's Buckets()+1 slots is one 64-bit word packing the
-// bucket's epoch tag (high 32 bits) and its count (low 32 bits), so adding
-// to a bucket and resetting it for a newer epoch are both a single
-// compare-and-swap: a concurrent writer can never be wiped by a reset.
-//
-// A Counter is safe for concurrent use; its methods take no lock and do not
-// allocate. Every method takes the current time explicitly, as a Duration
-// since the origin of a monotonic Clock; a time earlier than one already
-// seen is treated as that newer time (a clock that steps back stands still).
-//
-// Epoch tags are truncated to 32 bits and compared in serial-number
-// arithmetic; a counter idle for any length of time (even 2^32 buckets and
-// more) drains correctly, because stale slots are judged against the last
-// epoch seen. Only a caller descheduled for 2^31 bucket lengths between
-// reading the clock and recording could misplace its own hits.
-type Counter struct {
-	// The fields touched by every call fill one 64-byte cache line; the
-	// ring is a second allocation.
-	bucketLen int64         // ns
-	buckets   int64         // k
-	latest    atomic.Int64  // newest bucket epoch seen
-	total     atomic.Uint64 // sum of all undrained bucket counts (may be transiently high)
-	used      atomic.Int64  // latest time passed to AllowAt, for LRU eviction
-	// slots is the ring: Buckets()+1 words, epoch tag << 32 | count.
-	slots []atomic.Uint64
+// ticksPerWindow is the most ticks one window spans. A tick is the window
+// divided by it, rounded up to a whole microsecond (so the Redis backend,
+// whose clock is in microseconds, uses the same grid); 16-bit ticks then
+// name every time within a little over a window of the newest one.
+const ticksPerWindow = 64_000
+
+// TickLength returns the timestamp resolution of a Counter over a window of
+// length w: w/64000 rounded up to a whole microsecond (at least 1µs). A
+// Counter rounds every hit's time up to it, so a hit may count for up to one
+// tick longer than w (never shorter).
+func TickLength(w time.Duration) time.Duration {
+	us := (int64(w) + ticksPerWindow*int64(time.Microsecond) - 1) / (ticksPerWindow * int64(time.Microsecond))
+	return time.Duration(max(us, 1)) * time.Microsecond
 }
 
-// NewCounter returns an empty Counter with the given layout. The Spec must
-// come from NewSpec; NewCounter panics on the zero Spec.
+// Counter is the default sliding window of one key (the SlidingWindow
+// algorithm): a count-quantised checkpoint log. Admitted hits, in arrival
+// order, are grouped into blocks of b = ceil(limit/Blocks) hits; for each
+// closed block only the time of its newest hit is kept (a FIFO ring of
+// Blocks 16-bit ticks), plus the open block's count and newest time. The
+// count of the window (now-W, now] is estimated as
+//
+//	b × (closed blocks newer than now-W) + the open block's count (if newer)
+//
+// and a request of h hits is admitted iff estimate + h <= limit.
+//
+// Why it is exact enough:
+//
+//   - It never undercounts: every hit of a block is no newer than the
+//     block's time (rounded up to a tick), so a block dropped at a time
+//     <= now-W has nothing left in the window. Hence at most limit hits are
+//     admitted in any window of length W, under any traffic: 0 overshoot.
+//   - It overcounts by less than one block (plus the hits of one tick): the
+//     blocks are FIFO, so only the oldest live block can be partly expired,
+//     and it still holds its newest hit. So a request is refused only when
+//     the real window holds more than limit-h-b hits: the capacity given up
+//     is under b/limit ≈ 1/Blocks of the limit, whatever the traffic shape
+//     (bursts, cron jobs, Poisson, adversaries), and none for a limit of at
+//     most Blocks.
+//
+// Timestamps are ticks of TickLength(W), kept modulo 2^16 next to the
+// full newest time seen; they are rounded up, which keeps the estimate
+// conservative. A weighted request (hits > 1) may close several blocks at
+// its own time. A limit that grows beyond Blocks × b while hits are counted
+// keeps adding to the open block (still exact in count, coarser in time);
+// the block size follows the limit again once the window is empty. Refunds
+// take from the open block, then reopen the newest closed blocks.
+//
+// A Counter is safe for concurrent use (a small per-key mutex, held for a
+// few tens of nanoseconds) and does not allocate. Every method takes the
+// current time explicitly, as a Duration since the origin of a monotonic
+// Clock; a time earlier than one already seen is treated as that newer time
+// (a clock that steps back stands still), and a key idle for a window or
+// longer starts afresh, however long it sat.
+type Counter struct {
+	mu     sync.Mutex
+	window int64        // W, ns
+	tick   int64        // TickLength(W), ns
+	newest atomic.Int64 // newest time seen, ns; written under mu, read lock-free for LRU
+	block  uint32       // b: hits in each closed block
+	open   uint32       // hits in the open block
+	// openTick is the tick of the open block's newest hit; meaningful when
+	// open > 0.
+	openTick uint16
+	head     uint8 // ring index of the oldest closed block
+	n        uint8 // closed blocks held
+	ring     [Blocks]uint16
+}
+
+// NewCounter returns an empty Counter over spec.Length() (the Spec's bucket
+// count is ignored). The Spec must come from NewSpec; NewCounter panics on
+// the zero Spec.
 func NewCounter(spec Spec) *Counter {
 	if !spec.valid() {
 		panic("window: NewCounter with an invalid Spec (build it with NewSpec)")
 	}
-	return &Counter{
-		bucketLen: spec.length / spec.buckets,
-		buckets:   spec.buckets,
-		slots:     make([]atomic.Uint64, spec.buckets+1),
-	}
+	return &Counter{window: spec.length, tick: int64(TickLength(spec.Length())), block: 1}
 }
-
-// ring returns the number of slots of the ring.
-func (c *Counter) ring() int64 { return int64(len(c.slots)) }
-
-// Spec returns the counter's window layout.
-func (c *Counter) Spec() Spec { return Spec{length: c.bucketLen * c.buckets, buckets: c.buckets} }
 
 // AllowAt atomically checks whether hits more hits fit under limit in the
 // window ending at now and, if they do, records them. Refused hits are not
 // recorded (an over-limit answer consumes no quota). With hits == 0 it only
 // checks whether one more hit would fit, and records nothing.
 //
-// Result.Bucket names the bucket the hits went to, for UndoAt.
+// Remaining is limit minus the estimate (after this request's hits, if
+// recorded). Reset is, when allowed, the time until every hit now counted
+// has aged out (0 when nothing is counted); when refused, the time at which
+// enough blocks will have left the window for the same request to pass (an
+// honest Retry-After), or the window length when no window can take it
+// (hits > limit). Result.Bucket is the time (ns) the hits were recorded at,
+// for UndoAt.
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
-	e := c.advance(now)
-	if now > 0 && int64(now) > c.used.Load() {
-		c.used.Store(int64(now)) // racy max, fine for LRU
+	c.mu.Lock()
+	t := c.advance(now)
+	if c.n == 0 && c.open == 0 {
+		c.block = blockSize(limit)
 	}
-	if hits == 0 {
-		return c.check(now, e, limit)
-	}
-	var s uint64
-	for {
-		s = c.total.Load()
-		if s > limit || hits > limit-s {
-			return Result{
-				Remaining: limit - min(s, limit),
-				Reset:     c.retryAfter(now, e, s, hits, limit),
-				Bucket:    e,
-			}
-		}
-		if c.total.CompareAndSwap(s, s+hits) {
-			break
-		}
-	}
-	// Re-read latest after the admission so that the hit is never stamped
-	// older than a drain it benefited from.
-	bucket := max(e, c.latest.Load())
-	c.record(bucket, hits)
-	return Result{
-		Allowed:   true,
-		Recorded:  true,
-		Remaining: limit - s - hits,
-		Reset:     c.ageOut(now, bucket),
-		Bucket:    bucket,
-	}
-}
-
-// CountAt returns the number of hits counted in the window ending at now.
-// The count includes the whole of the oldest bucket that overlaps the
-// window, so it may exceed the hits of the exact window (never fall short).
-func (c *Counter) CountAt(now time.Duration) uint64 {
-	c.advance(now)
-	return c.total.Load()
-}
-
-// LastUsed returns the latest time passed to AllowAt (reads such as
-// CountAt do not count as use).
-func (c *Counter) LastUsed() time.Duration {
-	return time.Duration(c.used.Load())
-}
-
-// UndoAt takes back hits recorded in bucket (a Result.Bucket of an allowed
-// AllowAt) as if they had never been admitted. Hits whose bucket has since
-// left the window are already forgotten; nothing is taken back for them.
-func (c *Counter) UndoAt(bucket int64, hits uint64) {
-	if hits == 0 || bucket < 0 {
-		return
-	}
-	slot := &c.slots[bucket%c.ring()]
-	for {
-		w := slot.Load()
-		cnt := count(w)
-		if tag(w) != uint32(bucket) || cnt == 0 {
-			return
-		}
-		sub := min(uint64(cnt), hits)
-		if slot.CompareAndSwap(w, w-sub) {
-			c.total.Add(^(sub - 1))
-			return
-		}
-	}
-}
-
-// RefundAt subtracts hits from the counter as of now, taking them from the
-// newest buckets first and never below zero: a refund of hits admitted
-// earlier (for example a request that turned out not to count).
-func (c *Counter) RefundAt(now time.Duration, hits uint64) {
-	e := c.advance(now)
-	k := c.buckets
-	for x := e; x >= e-k && x >= 0 && hits > 0; x-- {
-		slot := &c.slots[x%c.ring()]
-		for {
-			w := slot.Load()
-			cnt := count(w)
-			if cnt == 0 || !notNewer(tag(w), e) {
-				break
-			}
-			sub := min(uint64(cnt), hits)
-			if slot.CompareAndSwap(w, w-sub) {
-				c.total.Add(^(sub - 1))
-				hits -= sub
-				break
-			}
-		}
-	}
-}
-
-// idleAt reports whether nothing is counted in the window ending at now.
-func (c *Counter) idleAt(now time.Duration) bool { return c.CountAt(now) == 0 }
-
-// check answers a check-only request: would one more hit fit?
-func (c *Counter) check(now time.Duration, e int64, limit uint64) Result {
-	s := c.total.Load()
-	r := Result{Remaining: limit - min(s, limit), Bucket: e}
-	if s < limit {
+	est := c.estimate()
+	r := Result{Remaining: limit - min(est, limit), Bucket: t}
+	need := max(hits, 1)
+	switch {
+	case est > limit || need > limit-est:
+		r.Reset = c.retryAfter(now, est, need, limit)
+	case hits == 0:
 		r.Allowed = true
-		r.Reset = c.newestAgeOut(now, e)
-		return r
+		r.Reset = c.newestAgeOut(now)
+	default:
+		c.add(t, hits)
+		r.Allowed, r.Recorded = true, true
+		r.Remaining = limit - est - hits
+		r.Reset = c.ageOut(now, c.openTick) // add stamps the open block at t
 	}
-	r.Reset = c.retryAfter(now, e, s, 1, limit)
+	c.mu.Unlock()
 	return r
 }
 
-// advance moves the counter's newest epoch up to now's and drains the
-// buckets that left the window. It returns the epoch to act in: now's, or
-// the newest already seen if the clock stepped back.
-func (c *Counter) advance(now time.Duration) int64 {
-	e := int64(0)
-	if now > 0 {
-		e = int64(now) / c.bucketLen
+// CountAt returns the estimated hits in the window ending at now (or at the
+// newest time seen, if later): never fewer than the real ones, fewer than
+// one block more. It is a read: it neither moves the newest time seen nor
+// drops blocks.
+func (c *Counter) CountAt(now time.Duration) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	newest := c.newest.Load()
+	edge := max(int64(now), newest) - c.window
+	if edge >= newest {
+		return 0
 	}
-	for {
-		l := c.latest.Load()
-		if e <= l {
-			return l
-		}
-		if c.latest.CompareAndSwap(l, e) {
-			c.drain(l, e)
-			return e
+	var est uint64
+	for i := range int(c.n) {
+		if c.at(c.ring[c.index(i)]) > edge {
+			est += uint64(c.block)
 		}
 	}
+	if c.open > 0 && c.at(c.openTick) > edge {
+		est += uint64(c.open)
+	}
+	return est
 }
 
-// drain empties the slots of the epochs that left the window when the
-// newest epoch moved from prev to next: epochs prev-k .. next-k-1 (at most
-// one ring turn). Each walked slot is retagged with the epoch x that just
-// left, empty slots included, so that every slot's 32-bit tag stays within
-// a couple of ring turns of latest and serial comparisons never alias.
-func (c *Counter) drain(prev, next int64) {
-	k := c.buckets
-	m := c.ring()
-	hi := next - k - 1
-	lo := max(prev-k, hi-m+1, 0)
-	// After a jump past the whole ring, every slot filled before it is
-	// stale; judged against prev its tag cannot alias, however long the
-	// counter sat idle (even 2^32 buckets).
-	wholeRing := next-prev > k
-	for x := lo; x <= hi; x++ {
-		slot := &c.slots[x%m]
-		for {
-			w := slot.Load()
-			t, cnt := tag(w), count(w)
-			if t == uint32(x) && cnt == 0 {
-				break // already retagged
-			}
-			if !notNewer(t, hi) && !(wholeRing && notNewer(t, prev)) {
-				break // holds a bucket still in the window
-			}
-			if slot.CompareAndSwap(w, pack(x, 0)) {
-				if cnt > 0 {
-					c.total.Add(^(uint64(cnt) - 1))
-				}
-				break
-			}
-		}
-	}
-}
+// LastUsed returns the newest time seen by AllowAt or RefundAt.
+func (c *Counter) LastUsed() time.Duration { return time.Duration(c.newest.Load()) }
 
-// record adds hits, already counted in total, to the slot of bucket.
-func (c *Counter) record(bucket int64, hits uint64) {
-	k := c.buckets
-	if bucket <= c.latest.Load()-k-1 {
-		c.total.Add(^(hits - 1)) // the bucket already left the window
+// UndoAt takes back hits recorded at time at (a Result.Bucket of an allowed
+// AllowAt) as if they had never been admitted: the newest hits counted are
+// taken back, which leaves the same count with times no older than before.
+// Hits that have left the window since are already forgotten.
+func (c *Counter) UndoAt(at int64, hits uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.newest.Load()-at >= c.window {
 		return
 	}
-	slot := &c.slots[bucket%c.ring()]
-	for {
-		w := slot.Load()
-		switch d := int32(uint32(bucket) - tag(w)); {
-		case d == 0:
-			if slot.CompareAndSwap(w, w+hits) {
-				return
-			}
-		case d > 0: // the slot holds an older epoch: reset it to ours
-			if slot.CompareAndSwap(w, pack(bucket, hits)) {
-				if cnt := count(w); cnt > 0 {
-					c.total.Add(^(uint64(cnt) - 1))
-				}
-				return
-			}
-		default: // the ring came round while we were descheduled
-			c.total.Add(^(hits - 1))
-			return
+	c.takeBack(hits)
+}
+
+// RefundAt takes back hits as of now, the newest first and never below
+// zero: a refund of hits admitted earlier.
+func (c *Counter) RefundAt(now time.Duration, hits uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advance(now)
+	c.takeBack(hits)
+}
+
+func (c *Counter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
+
+func (c *Counter) refund(now time.Duration, hits, limit uint64) Result {
+	c.RefundAt(now, hits)
+	return c.AllowAt(now, 0, limit)
+}
+
+func (c *Counter) idleAt(now time.Duration) bool { return c.CountAt(now) == 0 }
+
+func (c *Counter) layout() (Spec, Algorithm) {
+	return Spec{length: c.window, buckets: 1}, SlidingWindow
+}
+
+// blockSize is b for limit: ceil(limit/Blocks), at least 1.
+func blockSize(limit uint64) uint32 {
+	return uint32(max((limit+Blocks-1)/Blocks, 1))
+}
+
+// estimate is the count of the window after advance. c.mu is held.
+func (c *Counter) estimate() uint64 {
+	return uint64(c.n)*uint64(c.block) + uint64(c.open)
+}
+
+// advance clamps now to the newest time seen, drops the blocks that left
+// the window ending there, records it as the newest time and returns it.
+// c.mu is held.
+func (c *Counter) advance(now time.Duration) int64 {
+	t := int64(max(now, 0))
+	prev := c.newest.Load()
+	if t <= prev {
+		t = prev
+	}
+	edge := t - c.window
+	if edge >= prev {
+		// Every hit counted is at most prev, so none is in the window; this
+		// also covers keys idle for longer than 16-bit ticks can name.
+		c.n, c.open, c.head = 0, 0, 0
+	} else {
+		// Ticks are lifted against prev's: every block held survived the
+		// previous advance, so it lies within a window and a tick of it.
+		anchor := c.absTick(prev)
+		for c.n > 0 && c.lift(c.ring[c.head], anchor)*c.tick <= edge {
+			c.head = uint8(c.index(1))
+			c.n--
 		}
+		if c.open > 0 && c.lift(c.openTick, anchor)*c.tick <= edge {
+			c.open = 0
+		}
+	}
+	if t > prev {
+		c.newest.Store(t)
+	}
+	return t
+}
+
+// add records hits at time t (the newest time seen): into the open block,
+// closing full blocks at t's tick while the ring has room. c.mu is held; the
+// caller checked that the hits fit under the limit.
+func (c *Counter) add(t int64, hits uint64) {
+	tick := uint16(c.absTick(t))
+	total := uint64(c.open) + hits // at most the limit: fits in 32 bits
+	b := uint64(c.block)
+	for total >= b && int(c.n) < Blocks {
+		c.ring[c.index(int(c.n))] = tick
+		c.n++
+		total -= b
+	}
+	c.open, c.openTick = uint32(total), tick
+}
+
+// takeBack removes hits, newest first: from the open block, then reopening
+// closed blocks from the newest. c.mu is held.
+func (c *Counter) takeBack(hits uint64) {
+	take := min(uint64(c.open), hits)
+	c.open -= uint32(take)
+	hits -= take
+	for hits > 0 && c.n > 0 {
+		c.n--
+		c.openTick = c.ring[c.index(int(c.n))]
+		take = min(uint64(c.block), hits)
+		c.open = c.block - uint32(take)
+		hits -= take
 	}
 }
 
-// ageOut is the time from now until bucket leaves the window.
-func (c *Counter) ageOut(now time.Duration, bucket int64) time.Duration {
-	return max(0, time.Duration((bucket+c.buckets+1)*c.bucketLen)-now)
+// retryAfter is the time from now until need more hits fit under limit with
+// estimate est: when the k-th oldest closed block leaves the window, k being
+// the blocks that must go, or, if the closed blocks alone do not free
+// enough, when the open block does. When no window can take need hits
+// (need > limit) it is the window length. c.mu is held, after advance.
+func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Duration {
+	if need > limit {
+		return time.Duration(c.window)
+	}
+	excess := est + need - limit // hits that must leave: 1 <= excess <= est
+	k := (excess + uint64(c.block) - 1) / uint64(c.block)
+	if k <= uint64(c.n) {
+		return c.ageOut(now, c.ring[c.index(int(k)-1)])
+	}
+	return c.ageOut(now, c.openTick)
 }
 
-// newestAgeOut is the time until every hit now counted ages out: the
-// age-out of the newest non-empty bucket, 0 when nothing is counted.
-func (c *Counter) newestAgeOut(now time.Duration, e int64) time.Duration {
-	m := c.ring()
-	for x := e; x >= e-c.buckets && x >= 0; x-- {
-		if count(c.slots[x%m].Load()) > 0 {
-			return c.ageOut(now, x)
-		}
+// newestAgeOut is the time from now until every counted hit has left the
+// window (0 when nothing is counted). c.mu is held, after advance.
+func (c *Counter) newestAgeOut(now time.Duration) time.Duration {
+	switch {
+	case c.open > 0:
+		return c.ageOut(now, c.openTick)
+	case c.n > 0:
+		return c.ageOut(now, c.ring[c.index(int(c.n)-1)])
 	}
 	return 0
 }
 
-// retryAfter is the time until enough old hits age out that hits more fit
-// under limit, given total s: the buckets are walked from the oldest and
-// the first one whose departure frees enough quota names the time. When no
-// window can ever take hits (hits > limit, e.g. limit 0) it is the full
-// window length: retrying sooner is pointless.
-func (c *Counter) retryAfter(now time.Duration, e int64, s, hits, limit uint64) time.Duration {
-	if hits > limit {
-		return time.Duration(c.bucketLen * c.buckets)
-	}
-	m := c.ring()
-	var freed uint64
-	for x := max(e-c.buckets, 0); x <= e; x++ {
-		freed += uint64(count(c.slots[x%m].Load()))
-		if freed >= s || s-freed <= limit-hits {
-			return c.ageOut(now, x)
-		}
-	}
-	// Hits admitted but not yet in a slot: they age out with bucket e at
-	// the latest.
-	return c.ageOut(now, e)
+// ageOut is the time from now until a block stamped with tick leaves the
+// window. c.mu is held, after advance.
+func (c *Counter) ageOut(now time.Duration, tick uint16) time.Duration {
+	return max(0, time.Duration(c.at(tick)+c.window)-now)
 }
 
-func pack(epoch int64, n uint64) uint64 { return uint64(uint32(epoch))<<32 | n }
-func tag(w uint64) uint32               { return uint32(w >> 32) }
-func count(w uint64) uint32             { return uint32(w) }
+// at returns the time (ns) a stored tick stands for, lifted against the
+// newest time seen. c.mu is held, after advance.
+func (c *Counter) at(tick uint16) int64 {
+	return c.lift(tick, c.absTick(c.newest.Load())) * c.tick
+}
 
-// notNewer reports whether the epoch tag t is not newer than epoch e, in
-// serial-number arithmetic on the 32-bit tags.
-func notNewer(t uint32, e int64) bool { return int32(uint32(e)-t) >= 0 }
+// absTick is t rounded up to a whole tick, in ticks.
+func (c *Counter) absTick(t int64) int64 { return (t + c.tick - 1) / c.tick }
+
+// lift turns a 16-bit tick into the full tick at or before anchor that it
+// stands for.
+func (c *Counter) lift(tick uint16, anchor int64) int64 {
+	return anchor - int64(uint16(anchor)-tick)
+}
+
+// index is the ring position of the i-th oldest closed block.
+func (c *Counter) index(i int) int {
+	j := int(c.head) + i
+	if j >= Blocks {
+		j -= Blocks
+	}
+	return j
+}

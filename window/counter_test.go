@@ -1,537 +1,503 @@
 package window
 
 import (
-	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
-func mustSpec(t testing.TB, length time.Duration, buckets int) Spec {
-	t.Helper()
-	s, err := NewSpec(length, buckets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+// exactLog is the ground truth for the Counter's tests: every hit the
+// Counter admitted, with its time, and the hits in (now-W, now].
+type exactLog struct {
+	w    time.Duration
+	at   []time.Duration
+	hits []uint64
 }
 
-func TestNewSpec(t *testing.T) {
+func (l *exactLog) add(t time.Duration, hits uint64) {
+	l.at = append(l.at, t)
+	l.hits = append(l.hits, hits)
+}
+
+// count is the hits logged in (now-W, now]; with round > 0 each hit's time
+// is first rounded up to a multiple of round (the Counter's ticks).
+func (l *exactLog) count(now time.Duration, round time.Duration) uint64 {
+	var n uint64
+	for i, t := range l.at {
+		if round > 0 {
+			t = (t + round - 1) / round * round
+		}
+		if t > now-l.w {
+			n += l.hits[i]
+		}
+	}
+	return n
+}
+
+// drop removes the newest hits, as a refund takes them back.
+func (l *exactLog) drop(hits uint64) {
+	for hits > 0 && len(l.at) > 0 {
+		i := len(l.at) - 1
+		take := min(l.hits[i], hits)
+		l.hits[i] -= take
+		hits -= take
+		if l.hits[i] == 0 {
+			l.at, l.hits = l.at[:i], l.hits[:i]
+		}
+	}
+}
+
+func TestTickLength(t *testing.T) {
 	tests := []struct {
-		length  time.Duration
-		buckets int
-		wantErr bool
+		w, want time.Duration
 	}{
-		{time.Second, 20, false},
-		{time.Second, 1, false},
-		{time.Minute, 60, false},
-		{time.Second, 3, true}, // 333.33 ms: never truncated
-		{time.Second, 7, true},
-		{time.Second, 0, true},
-		{time.Second, -1, true},
-		{0, 10, true},
-		{-time.Second, 10, true},
+		{time.Second, 16 * time.Microsecond},
+		{time.Minute, 938 * time.Microsecond},
+		{time.Hour, 56250 * time.Microsecond},
+		{64 * time.Millisecond, time.Microsecond},
+		{time.Millisecond, time.Microsecond},
+		{time.Nanosecond, time.Microsecond},
 	}
 	for _, tt := range tests {
-		t.Run(fmt.Sprintf("%v/%d", tt.length, tt.buckets), func(t *testing.T) {
-			s, err := NewSpec(tt.length, tt.buckets)
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("NewSpec(%v, %d) error = %v, want error %v", tt.length, tt.buckets, err, tt.wantErr)
-			}
-			if err == nil && s.BucketLength()*time.Duration(s.Buckets()) != s.Length() {
-				t.Fatalf("buckets of %v do not cover the window %v", s.BucketLength(), s.Length())
-			}
-		})
+		got := TickLength(tt.w)
+		if got != tt.want {
+			t.Errorf("TickLength(%v) = %v, want %v", tt.w, got, tt.want)
+		}
+		if tt.w >= time.Millisecond && tt.w/got > ticksPerWindow {
+			t.Errorf("TickLength(%v): %d ticks per window, more than %d", tt.w, tt.w/got, ticksPerWindow)
+		}
 	}
 }
 
-func TestCounterAllowAndRemaining(t *testing.T) {
-	c := NewCounter(mustSpec(t, time.Second, 10))
-	for i := range uint64(5) {
-		r := c.AllowAt(50*time.Millisecond, 1, 5)
-		if !r.Allowed || !r.Recorded || r.Remaining != 4-i {
-			t.Fatalf("hit %d: %+v, want allowed with remaining %d", i, r, 4-i)
-		}
-		if want := 1100*time.Millisecond - 50*time.Millisecond; r.Reset != want {
-			t.Fatalf("hit %d: reset %v, want %v", i, r.Reset, want)
-		}
+// TestCounterAnswers walks one key through admissions, refusals, checks and
+// resets at exact instants (times on the 16µs tick grid of a 1s window).
+func TestCounterAnswers(t *testing.T) {
+	const ms = time.Millisecond
+	type step struct {
+		at        time.Duration
+		hits      uint64
+		allowed   bool
+		remaining uint64
+		reset     time.Duration
 	}
-	if r := c.AllowAt(50*time.Millisecond, 1, 5); r.Allowed || r.Recorded || r.Remaining != 0 {
-		t.Fatalf("6th hit: %+v, want refused", r)
-	}
-	if r := c.AllowAt(60*time.Millisecond, 0, 5); r.Allowed || r.Recorded {
-		t.Fatalf("check at the limit: %+v, want not allowed", r)
-	}
-	if got := c.CountAt(60 * time.Millisecond); got != 5 {
-		t.Fatalf("count %d, want 5", got)
-	}
-}
-
-// A clock that steps back is treated as standing still: counts recorded at
-// the newer time are kept and still enforced (no fail-open), and new hits
-// still count.
-func TestCounterClockStepBack(t *testing.T) {
 	tests := []struct {
-		name    string
-		buckets int
-		back    time.Duration
+		name  string
+		limit uint64
+		steps []step
 	}{
-		{"1 bucket, 2s back", 1, 2 * time.Second},
-		{"10 buckets, 2s back", 10, 2 * time.Second},
-		{"10 buckets, half a bucket back", 10, 50 * time.Millisecond},
-		{"20 buckets, an hour back", 20, time.Hour},
+		{"exact log for a small limit", 3, []step{
+			{100 * ms, 1, true, 2, time.Second},
+			{200 * ms, 1, true, 1, time.Second},
+			{300 * ms, 0, true, 1, 900 * ms}, // check: until the newest hit (200ms) ages out
+			{400 * ms, 1, true, 0, time.Second},
+			{500 * ms, 1, false, 0, 600 * ms},  // the 100ms hit leaves at 1.1s
+			{1100*ms - 16*time.Microsecond, 1, false, 0, 16 * time.Microsecond},
+			{1100 * ms, 1, true, 0, time.Second}, // exactly when the first hit leaves
+			{1150 * ms, 2, false, 0, 250 * ms},   // two must leave: the 200ms and 400ms hits
+			{1400 * ms, 2, true, 0, time.Second},
+		}},
+		{"hits above the limit are refused with the window length", 5, []step{
+			{0, 6, false, 5, time.Second},
+			{2 * ms, 5, true, 0, time.Second},
+		}},
+		{"limit 0 refuses everything", 0, []step{
+			{0, 1, false, 0, time.Second},
+			{0, 0, false, 0, time.Second},
+		}},
+		{"a key idle for a window starts afresh", 2, []step{
+			{0, 2, true, 0, time.Second},
+			{time.Second, 2, true, 0, time.Second},
+			{5 * time.Hour, 2, true, 0, time.Second},
+		}},
+		// limit 196 with 98 blocks: blocks of 2 hits, each stamped with its
+		// newer hit's time.
+		{"blocks of two", 196, []step{
+			{0, 1, true, 195, time.Second},
+			{100 * ms, 1, true, 194, time.Second}, // closes block 1, stamped 100ms
+			{200 * ms, 194, true, 0, time.Second},
+			{500 * ms, 1, false, 0, 600 * ms}, // block 1 leaves at 1.1s, whole
+			{1050 * ms, 1, false, 0, 50 * ms}, // the 0ms hit left, but its block did not
+			{1100 * ms, 2, true, 0, time.Second},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := NewCounter(mustSpec(t, time.Second, tt.buckets))
-			t0 := 2*time.Hour + 500*time.Millisecond
-			for range 6 {
-				c.AllowAt(t0, 1, 10)
-			}
-			back := t0 - tt.back
-			if got := c.CountAt(back); got != 6 {
-				t.Fatalf("count after step back = %d, want 6 (counts dropped)", got)
-			}
-			admitted := 0
-			for range 100 {
-				if c.AllowAt(back, 1, 10).Allowed {
-					admitted++
+			c := NewCounter(mustSpec(t, time.Second, 1))
+			for i, s := range tt.steps {
+				r := c.AllowAt(s.at, s.hits, tt.limit)
+				if r.Allowed != s.allowed || r.Remaining != s.remaining || r.Reset != s.reset {
+					t.Fatalf("step %d (at %v, %d hits): %+v, want allowed %v remaining %d reset %v",
+						i, s.at, s.hits, r, s.allowed, s.remaining, s.reset)
 				}
-			}
-			if admitted != 4 {
-				t.Fatalf("admitted %d after the step back, want 4 (limit 10, 6 counted)", admitted)
-			}
-			if got := c.CountAt(back); got != 10 {
-				t.Fatalf("count = %d, want 10", got)
+				if r.Recorded != (s.allowed && s.hits > 0) {
+					t.Fatalf("step %d: recorded %v", i, r.Recorded)
+				}
 			}
 		})
 	}
 }
 
-// Every round moves to a new bucket, whose slot still holds counts of an
-// epoch one ring turn older: the first writers reset it while others add.
-// No add may be lost: the total after each round is exact.
-func TestCounterConcurrentWritersDuringReset(t *testing.T) {
-	const (
-		k       = 4
-		writers = 8
-		perG    = 300
-		rounds  = 60
-	)
-	spec := mustSpec(t, 40*time.Millisecond, k)
-	b := spec.BucketLength()
-	c := NewCounter(spec)
-	var perRound [rounds]uint64
-	for r := range rounds {
+// TestCounterSize pins the memory target: at most 256 bytes per counter, and
+// the 240-byte size class the package documentation promises.
+func TestCounterSize(t *testing.T) {
+	var c Counter
+	if got := unsafe.Sizeof(c); got != 240 {
+		t.Fatalf("Counter is %d bytes, want 240", got)
+	}
+}
+
+// randomTrace drives c through n random weighted requests (and refunds,
+// when refunds is set) and calls check after each step. Times are on the
+// tick grid when onGrid (rounding is then a no-op), else arbitrary
+// nanoseconds; gaps are bursty (many at one instant, some long pauses).
+func randomTrace(t *testing.T, c *Counter, rng *rand.Rand, w time.Duration, limit uint64, n int, onGrid, refunds bool,
+	check func(now time.Duration, r Result, hits uint64, refund bool)) {
+	t.Helper()
+	tick := TickLength(w)
+	now := time.Duration(rng.Int64N(int64(3 * w)))
+	maxHits := 1 + limit/uint64(1+rng.IntN(20))
+	for range n {
+		switch rng.IntN(10) {
+		case 0: // a pause, sometimes longer than the window
+			now += time.Duration(rng.Int64N(int64(2 * w)))
+		case 1, 2, 3: // same instant
+		default:
+			now += time.Duration(rng.Int64N(int64(w) / int64(max(limit, 1)) * 3))
+		}
+		at := now
+		if onGrid {
+			at = (at + tick - 1) / tick * tick
+		}
+		hits := 1 + rng.Uint64N(maxHits)
+		if rng.IntN(20) == 0 {
+			hits = 0
+		}
+		if refunds && rng.IntN(40) == 0 {
+			c.RefundAt(at, hits)
+			check(at, Result{}, hits, true)
+			continue
+		}
+		check(at, c.AllowAt(at, hits, limit), hits, false)
+	}
+}
+
+// TestCounterNeverUndercounts is the differential test against an exact log
+// of what the Counter admitted, on random weighted traces, at limits below,
+// at and above Blocks: the estimate is never below the real count (hence no
+// window ever holds more than the limit), refunds included; and without
+// refunds it is less than one block above the log with times rounded up to
+// the tick, so a refusal means the real window had less than one block of
+// room.
+func TestCounterNeverUndercounts(t *testing.T) {
+	w := time.Second
+	for _, limit := range []uint64{1, 7, 10, Blocks, 100, 113, 1000, 10_000, 1 << 20} {
+		for _, onGrid := range []bool{true, false} {
+			for _, refunds := range []bool{false, true} {
+				rng := rand.New(rand.NewPCG(limit, 7))
+				for trace := range 20 {
+					c := NewCounter(mustSpec(t, w, 1))
+					log := &exactLog{w: w}
+					b := uint64(blockSize(limit))
+					randomTrace(t, c, rng, w, limit, 400, onGrid, refunds, func(now time.Duration, r Result, hits uint64, refund bool) {
+						if refund {
+							log.drop(hits)
+							return
+						}
+						real := log.count(now, 0)
+						if r.Recorded {
+							log.add(now, hits)
+							real += hits
+							if real > limit {
+								t.Fatalf("limit %d trace %d at %v: %d hits in the window", limit, trace, now, real)
+							}
+						}
+						est := c.CountAt(now)
+						if est < real {
+							t.Fatalf("limit %d trace %d at %v: estimate %d below the real %d", limit, trace, now, est, real)
+						}
+						if refunds {
+							return
+						}
+						rounded := log.count(now, TickLength(w))
+						if est >= rounded+b {
+							t.Fatalf("limit %d trace %d at %v: estimate %d, rounded log %d, block %d", limit, trace, now, est, rounded, b)
+						}
+						if !r.Allowed && hits <= limit && rounded+hits+b <= limit {
+							t.Fatalf("limit %d at %v: refused %d hits with %d in the (rounded) window", limit, now, hits, rounded)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestCounterIsExactLogForSmallLimits: for a limit of at most Blocks every
+// block is one hit, so the Counter decides exactly as an exact sliding log
+// whose times are rounded up to the tick (and as the exact log itself when
+// times lie on the tick grid).
+func TestCounterIsExactLogForSmallLimits(t *testing.T) {
+	w := time.Minute
+	for _, limit := range []uint64{1, 5, 10, 50, Blocks} {
+		for _, onGrid := range []bool{true, false} {
+			rng := rand.New(rand.NewPCG(limit, 11))
+			for range 20 {
+				c := NewCounter(mustSpec(t, w, 1))
+				log := &exactLog{w: w}
+				randomTrace(t, c, rng, w, limit, 500, onGrid, true, func(now time.Duration, r Result, hits uint64, refund bool) {
+					if refund {
+						log.drop(hits)
+						return
+					}
+					want := log.count(now, TickLength(w))+max(hits, 1) <= limit
+					if r.Allowed != want {
+						t.Fatalf("limit %d at %v, %d hits: allowed %v, exact log says %v", limit, now, hits, r.Allowed, want)
+					}
+					if r.Recorded {
+						log.add(now, hits)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestCounterRetryAfterIsHonest: on every refusal of a random trace, the
+// same request is still refused one nanosecond before now+Reset and
+// admitted at now+Reset.
+func TestCounterRetryAfterIsHonest(t *testing.T) {
+	w := time.Second
+	for _, limit := range []uint64{3, Blocks, 1000, 50_000} {
+		rng := rand.New(rand.NewPCG(limit, 3))
+		c := NewCounter(mustSpec(t, w, 1))
+		now := time.Duration(0)
+		refusals := 0
+		for range 5000 {
+			now += time.Duration(rng.Int64N(int64(w) / int64(limit) * 2))
+			hits := 1 + rng.Uint64N(max(limit/20, 1))
+			r := c.AllowAt(now, hits, limit)
+			if r.Allowed || r.Reset == 0 {
+				continue
+			}
+			refusals++
+			if early := c.AllowAt(now+r.Reset-1, hits, limit); early.Allowed {
+				t.Fatalf("limit %d: refused at %v with reset %v, but admitted 1ns earlier", limit, now, r.Reset)
+			}
+			now += r.Reset
+			if again := c.AllowAt(now, hits, limit); !again.Allowed {
+				t.Fatalf("limit %d: refused at %v with reset %v, and refused again then: %+v", limit, now-r.Reset, r.Reset, again)
+			}
+		}
+		if refusals < 100 {
+			t.Fatalf("limit %d: only %d refusals: the trace does not test retries", limit, refusals)
+		}
+	}
+}
+
+// TestCounterTickRoundingNeverOvershoots: hits arriving one nanosecond after
+// the previous hits' window ends, or within the same tick, never make a real
+// window hold more than the limit.
+func TestCounterTickRoundingNeverOvershoots(t *testing.T) {
+	w := time.Second
+	tick := TickLength(w)
+	for _, limit := range []uint64{10, 100, 113, 1000, 10_000} {
+		for tenth := range 10 {
+			c := NewCounter(mustSpec(t, w, 1))
+			log := &exactLog{w: w}
+			// The whole limit a nanosecond after a tick edge (rounded up by
+			// almost a whole tick), then probes around the instants it
+			// leaves the window, then the rest of a second limit.
+			start := 100*w + time.Duration(tenth)*w/10 + 1
+			for range limit {
+				if c.AllowAt(start, 1, limit).Recorded {
+					log.add(start, 1)
+				}
+			}
+			for t0 := start + w - 2*tick; t0 < start+w+2*tick; t0 += tick / 4 {
+				for range limit {
+					if c.AllowAt(t0, 1, limit).Recorded {
+						log.add(t0, 1)
+					}
+				}
+				if got := log.count(t0, 0); got > limit {
+					t.Fatalf("limit %d: %d hits in the window ending %v", limit, got, t0)
+				}
+			}
+		}
+	}
+}
+
+// TestCounterClockStepsBack: a time before the newest seen is the newest
+// seen; hits admitted after the step still count later, and their Reset is
+// measured from the real (earlier) now.
+func TestCounterClockStepsBack(t *testing.T) {
+	c := NewCounter(mustSpec(t, time.Second, 1))
+	at := 10 * time.Second
+	if r := c.AllowAt(at, 3, 5); !r.Allowed {
+		t.Fatal(r)
+	}
+	// The clock steps back 5s: two more hits count at 10s.
+	r := c.AllowAt(at-5*time.Second, 2, 5)
+	if !r.Allowed || r.Remaining != 0 || r.Reset != 6*time.Second {
+		t.Fatalf("after the step back: %+v, want allowed, 0 left, reset 6s (at 11s)", r)
+	}
+	if r := c.AllowAt(at+999*time.Millisecond, 1, 5); r.Allowed {
+		t.Fatalf("the hits admitted after the step no longer count: %+v", r)
+	}
+	if r := c.AllowAt(at+time.Second, 5, 5); !r.Allowed {
+		t.Fatalf("all five hits should have left at 11s: %+v", r)
+	}
+}
+
+// TestCounterIdleBeyondTickRange: 16-bit ticks alias after 65536 ticks (a
+// little over a window); a key idle for any time, including exact multiples
+// of the tick range, starts afresh and counts the hits that follow.
+func TestCounterIdleBeyondTickRange(t *testing.T) {
+	w := time.Second
+	tick := TickLength(w)
+	span := 1 << 16 * tick
+	for _, idle := range []time.Duration{w, w + tick, span, span + tick, span + w/2, 2 * span, 1000 * span, 3 * span / 2} {
+		c := NewCounter(mustSpec(t, w, 1))
+		start := 7 * w
+		c.AllowAt(start, 50, 100)
+		c.AllowAt(start+w/2, 50, 100)
+		now := start + w/2 + idle
+		if got := c.CountAt(now); got != 0 {
+			t.Fatalf("idle %v: count %d, want 0", idle, got)
+		}
+		if r := c.AllowAt(now, 100, 100); !r.Allowed {
+			t.Fatalf("idle %v: the full limit is refused: %+v", idle, r)
+		}
+		if r := c.AllowAt(now+w-tick, 1, 100); r.Allowed {
+			t.Fatalf("idle %v: the hits after the pause do not count: %+v", idle, r)
+		}
+	}
+}
+
+// TestCounterRefundAndUndo: refunds take the newest hits back (never below
+// zero), reopening closed blocks; undo does the same for hits still in the
+// window and nothing for hits that left it.
+func TestCounterRefundAndUndo(t *testing.T) {
+	c := NewCounter(mustSpec(t, time.Second, 1))
+	const limit = 980 // blocks of 10
+	r := c.AllowAt(0, 500, limit)
+	if c.CountAt(0) != 500 {
+		t.Fatal(c.CountAt(0))
+	}
+	c.RefundAt(time.Millisecond, 123)
+	if got := c.CountAt(time.Millisecond); got != 377 {
+		t.Fatalf("after refunding 123 of 500: %d", got)
+	}
+	c.UndoAt(r.Bucket, 77)
+	if got := c.CountAt(time.Millisecond); got != 300 {
+		t.Fatalf("after undoing 77: %d", got)
+	}
+	c.RefundAt(time.Millisecond, 1000)
+	if got := c.CountAt(time.Millisecond); got != 0 {
+		t.Fatalf("a refund beyond the count leaves %d", got)
+	}
+	old := c.AllowAt(2*time.Millisecond, 5, limit)
+	c.AllowAt(2*time.Second, 5, limit)
+	c.UndoAt(old.Bucket, 5) // recorded over a window ago: already forgotten
+	if got := c.CountAt(2 * time.Second); got != 5 {
+		t.Fatalf("undo of hits that left the window took %d back", 5-got)
+	}
+}
+
+// TestCounterLimitChanges: a raised limit applies at once (the open block
+// absorbs hits beyond Blocks × b, still counted exactly); a lowered one too;
+// the block size follows the limit once the window is empty.
+func TestCounterLimitChanges(t *testing.T) {
+	c := NewCounter(mustSpec(t, time.Second, 1))
+	log := &exactLog{w: time.Second}
+	for i := range 300 {
+		at := time.Duration(i) * time.Millisecond
+		limit := uint64(Blocks)
+		if i >= 100 {
+			limit = 10_000 // raised: blocks stay of one hit
+		}
+		if i >= 200 {
+			limit = 20 // lowered
+		}
+		if r := c.AllowAt(at, 10, limit); r.Recorded {
+			log.add(at, 10)
+		}
+		if est, real := c.CountAt(at), log.count(at, 0); est < real {
+			t.Fatalf("at %v: estimate %d below %d", at, est, real)
+		}
+	}
+	if got := c.CountAt(299 * time.Millisecond); got < 20 {
+		t.Fatalf("count %d under the lowered limit's fill", got)
+	}
+	if r := c.AllowAt(299*time.Millisecond, 1, 20); r.Allowed {
+		t.Fatalf("the lowered limit does not apply: %+v", r)
+	}
+	// Empty again: blocks of ceil(10000/98) = 103.
+	c.AllowAt(5*time.Second, 1, 10_000)
+	if c.block != 103 {
+		t.Fatalf("block size %d after the window emptied, want 103", c.block)
+	}
+}
+
+// TestCounterConcurrentExactAdmission: goroutines hammering one key at one
+// instant get exactly the limit between them (run with -race).
+func TestCounterConcurrentExactAdmission(t *testing.T) {
+	for _, limit := range []uint64{50, 1000, 4321} {
+		c := NewCounter(mustSpec(t, time.Second, 1))
+		var admitted atomic.Uint64
 		var wg sync.WaitGroup
-		start := make(chan struct{})
-		now := time.Duration(r)*b + b/2
-		for g := range writers {
+		for g := range 8 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				<-start
-				for i := range perG {
-					c.AllowAt(now+time.Duration(i%3), uint64(1+g%2), MaxLimit)
+				for i := range 2000 {
+					hits := uint64(1 + (i+g)%3)
+					if c.AllowAt(time.Second, hits, limit).Recorded {
+						admitted.Add(hits)
+					}
 				}
 			}()
 		}
-		close(start)
 		wg.Wait()
-		perRound[r] = perG * (writers/2*1 + writers/2*2)
-		var want uint64
-		for x := max(0, r-k); x <= r; x++ {
-			want += perRound[x]
-		}
-		if got := c.CountAt(now); got != want {
-			t.Fatalf("round %d: count %d, want %d (lost %d)", r, got, want, int64(want)-int64(got))
+		if got := admitted.Load(); got > limit || got < limit-2 {
+			t.Fatalf("limit %d: admitted %d hits (want the limit, less at most the 2 a 3-hit request cannot use)", limit, got)
 		}
 	}
 }
 
-// Writers spread over time with the buckets turning under them: the sum of
-// admitted hits still in the window is exact at the end.
-func TestCounterConcurrentWritersMovingClock(t *testing.T) {
-	const (
-		k       = 5
-		writers = 8
-		perG    = 4000
-	)
-	spec := mustSpec(t, 50*time.Millisecond, k)
-	c := NewCounter(spec)
-	var clock atomic.Int64
-	var wg sync.WaitGroup
-	var perBucket [perG/100 + 2]atomic.Uint64
-	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range perG {
-				if i%100 == 0 {
-					clock.CompareAndSwap(int64(i/100-1)*int64(spec.BucketLength()), int64(i/100)*int64(spec.BucketLength()))
-				}
-				now := time.Duration(clock.Load())
-				if r := c.AllowAt(now, 1, MaxLimit); r.Allowed {
-					perBucket[r.Bucket].Add(1)
-				}
+// FuzzCounterNeverUndercounts drives a Counter and an exact log with the
+// operations encoded in ops (4 bytes each: time step, hits, limit choice,
+// refund flag) and fails when the estimate falls below the real count or a
+// window holds more than the limit.
+func FuzzCounterNeverUndercounts(f *testing.F) {
+	f.Add([]byte{0, 5, 0, 0, 10, 1, 1, 0, 255, 200, 2, 1, 3, 3, 3, 0})
+	f.Add([]byte{255, 255, 255, 255, 0, 0, 0, 0, 1, 1, 1, 1})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		w := time.Second
+		c := NewCounter(mustSpec(t, w, 1))
+		log := &exactLog{w: w}
+		limits := [4]uint64{7, Blocks, 1000, 65_537}
+		now := time.Duration(0)
+		for len(ops) >= 4 {
+			step, h, l, flags := ops[0], ops[1], ops[2], ops[3]
+			ops = ops[4:]
+			now += time.Duration(step) * time.Duration(step) * 50 * time.Microsecond
+			limit := limits[l%4]
+			hits := uint64(h)
+			if flags%8 == 1 {
+				c.RefundAt(now, hits)
+				log.drop(hits)
+				continue
 			}
-		}()
-	}
-	wg.Wait()
-	now := time.Duration(clock.Load())
-	e := int64(now / spec.BucketLength())
-	var want uint64
-	for x := max(0, e-k); x <= e; x++ {
-		want += perBucket[x].Load()
-	}
-	if got := c.CountAt(now); got != want {
-		t.Fatalf("count %d, want %d", got, want)
-	}
-}
-
-// Many goroutines hammering one key at one instant: exactly limit admitted.
-func TestCounterAtomicAdmission(t *testing.T) {
-	tests := []struct {
-		limit uint64
-		hits  uint64
-	}{
-		{1000, 1},
-		{1, 1},
-		{999, 3},
-		{1000, 7},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprintf("limit %d hits %d", tt.limit, tt.hits), func(t *testing.T) {
-			c := NewCounter(mustSpec(t, time.Second, 20))
-			var admitted atomic.Uint64
-			var wg sync.WaitGroup
-			for range 16 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 500 {
-						if c.AllowAt(time.Hour, tt.hits, tt.limit).Allowed {
-							admitted.Add(tt.hits)
-						}
-					}
-				}()
+			if c.AllowAt(now, hits, limit).Recorded {
+				log.add(now, hits)
 			}
-			wg.Wait()
-			want := tt.limit / tt.hits * tt.hits
-			if got := admitted.Load(); got != want {
-				t.Fatalf("admitted %d hits, want exactly %d", got, want)
+			if est, real := c.CountAt(now), log.count(now, 0); est < real {
+				t.Fatalf("at %v: estimate %d below the real %d", now, est, real)
 			}
-			if got := c.CountAt(time.Hour); got != want {
-				t.Fatalf("counted %d, want %d", got, want)
-			}
-		})
-	}
-}
-
-// maxInAnyWindow returns the largest number of admitted hits inside any
-// real window (t-w, t], by an exact sliding log over the admission times
-// (sorted).
-func maxInAnyWindow(times []time.Duration, w time.Duration) int {
-	best, lo := 0, 0
-	for hi, t := range times {
-		for times[lo] <= t-w {
-			lo++
-		}
-		best = max(best, hi-lo+1)
-	}
-	return best
-}
-
-// A plain LeapArray admits 2x the limit inside one real window: a burst at
-// the end of the oldest bucket, another right after it expires. Ours must
-// admit at most limit in every window of length W, for every bucket count.
-func TestCounterNoBoundaryBurst(t *testing.T) {
-	const limit = 100
-	for _, k := range []int{1, 2, 4, 10, 20, 60} {
-		t.Run(fmt.Sprintf("%d buckets", k), func(t *testing.T) {
-			w := 1200 * time.Millisecond
-			spec := mustSpec(t, w, k)
-			b := spec.BucketLength()
-			c := NewCounter(spec)
-			var admitted []time.Duration
-			// Burst at the very end of the first bucket, then probe every
-			// millisecond with a burst for three windows.
-			for now := b - time.Nanosecond; now < 3*w; now += time.Millisecond {
-				for range limit {
-					if c.AllowAt(now, 1, limit).Allowed {
-						admitted = append(admitted, now)
-					}
-				}
-			}
-			if got := maxInAnyWindow(admitted, w); got > limit {
-				t.Fatalf("%d hits admitted inside one window of %v, limit %d", got, w, limit)
-			}
-			if len(admitted) < 2*limit {
-				t.Fatalf("only %d admitted over 3 windows: the window never frees", len(admitted))
-			}
-			// Random traffic at 1.5x the limit, sometimes bursty.
-			c = NewCounter(spec)
-			rng := rand.New(rand.NewPCG(1, uint64(k)))
-			admitted = admitted[:0]
-			gap := w / (limit * 3 / 2)
-			for now := time.Duration(0); now < 20*w; now += time.Duration(rng.Int64N(int64(2 * gap))) {
-				n := uint64(1)
-				if rng.IntN(20) == 0 {
-					n = uint64(1 + rng.IntN(10))
-				}
-				if c.AllowAt(now, n, limit).Allowed {
-					for range n {
-						admitted = append(admitted, now)
-					}
-				}
-			}
-			if got := maxInAnyWindow(admitted, w); got > limit {
-				t.Fatalf("random traffic: %d hits admitted inside one window of %v, limit %d", got, w, limit)
-			}
-		})
-	}
-}
-
-// Refused hits are not counted: a client hammering while over the limit
-// recovers exactly when its admitted hits age out, and a raised limit helps
-// at once.
-func TestCounterOverLimitConsumesNoQuota(t *testing.T) {
-	spec := mustSpec(t, time.Second, 10)
-	quiet := NewCounter(spec)
-	hammered := NewCounter(spec)
-	for _, c := range []*Counter{quiet, hammered} {
-		for range 10 {
-			c.AllowAt(0, 1, 10)
-		}
-	}
-	for now := time.Duration(0); now < 1100*time.Millisecond; now += time.Millisecond {
-		if r := hammered.AllowAt(now, 1, 10); r.Allowed {
-			t.Fatalf("admitted at %v while 10 are counted", now)
-		}
-	}
-	free := 1100 * time.Millisecond // bucket 0 leaves at (0+10+1) buckets
-	if got, want := hammered.CountAt(free), quiet.CountAt(free); got != want || got != 0 {
-		t.Fatalf("at %v hammered counter counts %d, quiet one %d, want 0", free, got, want)
-	}
-	if r := hammered.AllowAt(free, 10, 10); !r.Allowed {
-		t.Fatalf("hammered client still blocked at %v: %+v", free, r)
-	}
-	// A raised limit applies at once to the full window.
-	if r := hammered.AllowAt(free+time.Millisecond, 1, 10); r.Allowed {
-		t.Fatalf("11th hit admitted under limit 10: %+v", r)
-	}
-	if r := hammered.AllowAt(free+time.Millisecond, 5, 15); !r.Allowed || r.Remaining != 0 {
-		t.Fatalf("raised limit did not apply at once: %+v", r)
-	}
-}
-
-// A refused request's Reset is an honest Retry-After: at now+Reset it
-// passes, one nanosecond earlier it does not. An allowed request's Reset is
-// when everything counted has aged out.
-func TestCounterResetHonest(t *testing.T) {
-	type hit struct {
-		at time.Duration
-		n  uint64
-	}
-	tests := []struct {
-		name    string
-		buckets int
-		limit   uint64
-		hits    []hit
-		at      time.Duration
-		n       uint64
-	}{
-		{"one bucket", 1, 5, []hit{{100 * time.Millisecond, 5}}, 300 * time.Millisecond, 1},
-		{"spread", 10, 10, []hit{{0, 3}, {250 * time.Millisecond, 3}, {720 * time.Millisecond, 4}}, 900 * time.Millisecond, 1},
-		{"needs two buckets", 10, 10, []hit{{0, 3}, {250 * time.Millisecond, 3}, {720 * time.Millisecond, 4}}, 900 * time.Millisecond, 5},
-		{"needs all", 10, 10, []hit{{0, 3}, {250 * time.Millisecond, 3}, {720 * time.Millisecond, 4}}, 900 * time.Millisecond, 10},
-		{"check only", 20, 4, []hit{{10 * time.Millisecond, 2}, {990 * time.Millisecond, 2}}, 995 * time.Millisecond, 0},
-		{"late in window", 20, 4, []hit{{10 * time.Millisecond, 2}, {990 * time.Millisecond, 2}}, 1049 * time.Millisecond, 2},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := NewCounter(mustSpec(t, time.Second, tt.buckets))
-			for _, h := range tt.hits {
-				if !c.AllowAt(h.at, h.n, tt.limit).Allowed {
-					t.Fatalf("setup hit %+v refused", h)
-				}
-			}
-			r := c.AllowAt(tt.at, tt.n, tt.limit)
-			if r.Allowed || r.Recorded || r.Reset <= 0 {
-				t.Fatalf("request not refused with a Reset: %+v", r)
-			}
-			if early := c.AllowAt(tt.at+r.Reset-time.Nanosecond, tt.n, tt.limit); early.Allowed {
-				t.Fatalf("allowed %v before the announced Reset %v", time.Nanosecond, r.Reset)
-			}
-			if on := c.AllowAt(tt.at+r.Reset, tt.n, tt.limit); !on.Allowed {
-				t.Fatalf("refused at the announced Reset %v: %+v", r.Reset, on)
-			}
-		})
-	}
-
-	t.Run("allowed reset ages everything out", func(t *testing.T) {
-		c := NewCounter(mustSpec(t, time.Second, 20))
-		c.AllowAt(10*time.Millisecond, 1, 10)
-		r := c.AllowAt(420*time.Millisecond, 2, 10)
-		if !r.Allowed {
-			t.Fatalf("refused: %+v", r)
-		}
-		at := 420*time.Millisecond + r.Reset
-		if got := c.CountAt(at - time.Nanosecond); got == 0 {
-			t.Fatalf("nothing counted just before Reset %v", r.Reset)
-		}
-		if got := c.CountAt(at); got != 0 {
-			t.Fatalf("%d still counted at Reset %v", got, r.Reset)
-		}
-		if r := c.AllowAt(at, 0, 10); r.Reset != 0 || r.Remaining != 10 {
-			t.Fatalf("empty window: %+v, want Reset 0 and Remaining 10", r)
 		}
 	})
-}
-
-func TestCounterImpossibleRequest(t *testing.T) {
-	c := NewCounter(mustSpec(t, time.Second, 10))
-	for _, tc := range []struct{ hits, limit uint64 }{{1, 0}, {11, 10}, {0, 0}} {
-		r := c.AllowAt(0, tc.hits, tc.limit)
-		if r.Allowed || r.Reset != time.Second {
-			t.Fatalf("hits %d limit %d: %+v, want refused with Reset of the full window", tc.hits, tc.limit, r)
-		}
-	}
-	if got := c.CountAt(0); got != 0 {
-		t.Fatalf("refused requests counted: %d", got)
-	}
-}
-
-func TestCounterUndoAndRefund(t *testing.T) {
-	c := NewCounter(mustSpec(t, time.Second, 10))
-	r1 := c.AllowAt(0, 4, 10)
-	r2 := c.AllowAt(150*time.Millisecond, 3, 10)
-	c.UndoAt(r1.Bucket, 4)
-	if got := c.CountAt(200 * time.Millisecond); got != 3 {
-		t.Fatalf("after undo: count %d, want 3", got)
-	}
-	c.UndoAt(r1.Bucket, 4) // nothing left there
-	if got := c.CountAt(200 * time.Millisecond); got != 3 {
-		t.Fatalf("after a second undo: count %d, want 3", got)
-	}
-	// After the bucket left the window an undo must not touch a newer one.
-	c.AllowAt(1200*time.Millisecond, 2, 10)
-	c.UndoAt(r2.Bucket, 3)
-	if got := c.CountAt(1200 * time.Millisecond); got != 2 {
-		t.Fatalf("undo of an aged-out bucket changed the count: %d, want 2", got)
-	}
-
-	c = NewCounter(mustSpec(t, time.Second, 10))
-	c.AllowAt(0, 4, 10)
-	c.AllowAt(500*time.Millisecond, 3, 10)
-	c.RefundAt(600*time.Millisecond, 5)
-	if got := c.CountAt(600 * time.Millisecond); got != 2 {
-		t.Fatalf("after refund of 5: count %d, want 2", got)
-	}
-	// The refund took the newest hits first: the remaining 2 are in bucket
-	// 0 and leave at 1.1 s.
-	if got := c.CountAt(1100 * time.Millisecond); got != 0 {
-		t.Fatalf("count at 1.1s = %d, want 0", got)
-	}
-	c.RefundAt(1200*time.Millisecond, 100) // floored at zero
-	if got := c.CountAt(1200 * time.Millisecond); got != 0 {
-		t.Fatalf("refund below zero: count %d", got)
-	}
-}
-
-func TestCounterIdleForLong(t *testing.T) {
-	c := NewCounter(mustSpec(t, time.Second, 10))
-	c.AllowAt(0, 10, 10)
-	later := 1000 * time.Hour
-	if got := c.CountAt(later); got != 0 {
-		t.Fatalf("count after a long idle = %d, want 0", got)
-	}
-	if r := c.AllowAt(later, 10, 10); !r.Allowed {
-		t.Fatalf("refused after a long idle: %+v", r)
-	}
-}
-
-// Resets on every other operation: a two-slot ring (one bucket) and a
-// clock moving half a bucket per hit, with writers on every core. A reset
-// that is not a compare-and-swap on the packed word wipes concurrent adds
-// (their hits stay in the total forever), caught by the exact count.
-func TestCounterConcurrentResetsExact(t *testing.T) {
-	const k = 1
-	spec := mustSpec(t, 2*time.Microsecond, k)
-	b := spec.BucketLength()
-	c := NewCounter(spec)
-	writers := max(2, runtime.GOMAXPROCS(0))
-	const perG = 200_000
-	var clock atomic.Int64
-	perBucket := make([]atomic.Uint64, writers*perG/2+2)
-	var wg sync.WaitGroup
-	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range perG {
-				now := time.Duration(clock.Add(int64(b) / 2))
-				if r := c.AllowAt(now, 1, MaxLimit); r.Allowed {
-					perBucket[r.Bucket].Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	now := time.Duration(clock.Load())
-	e := int64(now / b)
-	var want uint64
-	for x := max(0, e-k); x <= e; x++ {
-		want += perBucket[x].Load()
-	}
-	if got := c.CountAt(now); got != want {
-		t.Fatalf("count %d, want %d", got, want)
-	}
-}
-
-// Epoch tags are 32 bits: a counter idle for 2^31 buckets or more (a
-// multiple of 2^32 included) must still see its old hits as stale.
-func TestCounterIdleBeyondTagRange(t *testing.T) {
-	spec := mustSpec(t, 11*time.Nanosecond, 11) // 1 ns buckets: 2^32 buckets in 4.3 s
-	for _, idle := range []int64{1 << 31, 1<<31 + 5, 1 << 32, 1<<32 + 12*7, 3 << 31, 5<<32 + 1} {
-		t.Run(fmt.Sprint(idle), func(t *testing.T) {
-			c := NewCounter(spec)
-			t0 := time.Duration(1000)
-			for i := range 11 {
-				c.AllowAt(t0+time.Duration(i), 1, 11)
-			}
-			later := t0 + time.Duration(idle)
-			if got := c.CountAt(later); got != 0 {
-				t.Fatalf("count after %d idle buckets = %d, want 0", idle, got)
-			}
-			for i := range 11 {
-				if r := c.AllowAt(later+time.Duration(i), 1, 11); !r.Allowed {
-					t.Fatalf("hit %d after %d idle buckets refused: %+v", i, idle, r)
-				}
-			}
-			if got := c.CountAt(later + 10); got != 11 {
-				t.Fatalf("count = %d, want 11", got)
-			}
-		})
-	}
-}
-
-// A counter first used when the epoch's low 32 bits are in their upper
-// half (a process up for a long time with short buckets) must count.
-func TestCounterFirstUseLate(t *testing.T) {
-	spec := mustSpec(t, 11*time.Nanosecond, 11)
-	for _, at := range []int64{3<<30 + 5, 1<<32 - 3, 7<<31 + 1} {
-		c := NewCounter(spec)
-		for i := range 11 {
-			if r := c.AllowAt(time.Duration(at), 1, 11); !r.Allowed {
-				t.Fatalf("at %d: hit %d refused: %+v", at, i, r)
-			}
-		}
-		if r := c.AllowAt(time.Duration(at), 1, 11); r.Allowed {
-			t.Fatalf("at %d: 12th hit allowed (hits were lost): %+v", at, r)
-		}
-	}
 }

@@ -25,10 +25,10 @@ func TestStoreSweep(t *testing.T) {
 		wantReclaims int
 	}{
 		{990 * time.Millisecond, 0},   // everything still inside its window
-		{1100 * time.Millisecond, 10}, // bucket 0 (keys 0-9) left the window
+		{1100 * time.Millisecond, 11}, // keys 0-10 (hit at or before 100ms) left the window
 		{1100 * time.Millisecond, 0},  // nothing more to do
-		{1550 * time.Millisecond, 40}, // buckets 1-4 (keys 10-49) left; bucket 5 leaves at 1.6s
-		{time.Hour, 50},
+		{1550 * time.Millisecond, 45}, // keys 11-55 (hit at or before 550ms) left
+		{time.Hour, 44},
 	}
 	total := 0
 	for _, tt := range tests {

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// model is the Counter's specification, written plainly: a map from bucket
+// model is the BucketCounter's specification, written plainly: a map from bucket
 // epoch to count, every bucket from e-k to e counted in full.
 type model struct {
 	k, b   int64
@@ -90,11 +90,11 @@ func (m *model) refund(now time.Duration, n uint64) {
 	}
 }
 
-// checkAgainstModel drives a Counter and the model with the operations
+// checkAgainstModel drives a BucketCounter and the model with the operations
 // encoded in ops and fails at the first difference.
 func checkAgainstModel(t *testing.T, k int, ops []byte) {
 	spec := mustSpec(t, time.Duration(k)*10*time.Millisecond, k)
-	c, m := NewCounter(spec), newModel(spec)
+	c, m := NewBucketCounter(spec), newModel(spec)
 	now := time.Duration(0)
 	var buckets []int64
 	for len(ops) >= 4 {
@@ -147,7 +147,7 @@ func TestCounterMatchesModel(t *testing.T) {
 	}
 }
 
-func FuzzCounterMatchesModel(f *testing.F) {
+func FuzzBucketCounterMatchesModel(f *testing.F) {
 	f.Add(uint8(10), []byte{0, 1, 0, 3, 3, 200, 0, 1, 0, 0, 0, 7, 4, 0, 0, 2, 5, 0, 0, 5})
 	f.Add(uint8(1), []byte{1, 255, 255, 7, 0, 0, 0, 1, 3, 255, 255, 1})
 	f.Fuzz(func(t *testing.T, k uint8, ops []byte) {

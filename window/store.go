@@ -15,7 +15,8 @@ import (
 // map. A power of two.
 const storeShards = 256
 
-// Store is the in-memory Limiter: one Counter per key, created on first use.
+// Store is the in-memory Limiter: one counter per key (a Counter, or the
+// counter of the Request's Algorithm), created on first use.
 //
 // A key is bound to the Spec it was created with: a request with the same
 // Key but another Spec (a rule whose window changed on reload) replaces the
@@ -70,8 +71,8 @@ type StoreOption func(*Store)
 // from other shards whose locks are free. Under contention the bound may be
 // exceeded briefly by a few keys. n <= 0 means no bound (the default).
 //
-// A sliding-window key with 20 buckets costs about 300 bytes
-// (BenchmarkBytesPerKey); TestStoreBoundedMemory streams 1,000,000 distinct
+// A sliding-window key costs about 310 bytes with its map entry and a
+// 24-byte key (BenchmarkBytesPerKey); TestStoreBoundedMemory streams 1,000,000 distinct
 // keys through WithMaxKeys(20000) and checks that the heap grows by less
 // than 16 MiB (about 6.4 MB measured) while a hot key's limit holds.
 func WithMaxKeys(n int) StoreOption {
@@ -124,7 +125,7 @@ var ErrLogLimit = fmt.Errorf("window: sliding_log limit above its maximum of %d 
 
 // SupportsAlgorithm reports whether a is an Algorithm the Store serves: all
 // of them (see AlgorithmChecker).
-func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= SlidingLog }
+func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= TimeBuckets }
 
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
@@ -212,8 +213,9 @@ func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) erro
 	return nil
 }
 
-// CountAt returns the hits counted for key at now by a SlidingWindow or
-// SlidingLog counter (0 for an unknown key or another algorithm).
+// CountAt returns the hits counted for key at now by a SlidingWindow,
+// SlidingLog or TimeBuckets counter (0 for an unknown key or another
+// algorithm).
 func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	sh := s.shard(key)
 	sh.mu.RLock()
@@ -222,6 +224,8 @@ func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	case *Counter:
 		return c.CountAt(now)
 	case *LogCounter:
+		return c.CountAt(now)
+	case *BucketCounter:
 		return c.CountAt(now)
 	}
 	return 0
@@ -331,10 +335,18 @@ func (s *Store) refund(now time.Duration, req *Request) Result {
 	return Result{Allowed: limit > 0, Remaining: limit}
 }
 
-// matches reports whether m is the counter req's Spec and Algorithm call for.
+// matches reports whether m is the counter req's Spec and Algorithm call
+// for. Only TimeBuckets counters have buckets; the others are bound to the
+// window length alone.
 func matches(m meter, req *Request) bool {
 	spec, alg := m.layout()
-	return spec == req.Spec && alg == req.Algorithm
+	if alg != req.Algorithm {
+		return false
+	}
+	if alg == TimeBuckets {
+		return spec == req.Spec
+	}
+	return spec.length == req.Spec.length
 }
 
 // evictSample is how many keys eviction compares.
