@@ -11,18 +11,37 @@ import (
 	"time"
 )
 
-// BenchmarkCounterAllowAt is a check-and-add on one key with the time passed
-// in, the clock moving one microsecond per op (so buckets turn over). Run
-// with -cpu 1,2 for 1 and 2 goroutines.
+// BenchmarkCounterAllowAt is a check-and-add of the default Counter on one
+// key with the time passed in, the clock moving one microsecond per op (so
+// blocks close and expire), at limits that give blocks of 1, 11 and 21.9M
+// hits. Run with -cpu 1,2 for 1 and 2 goroutines.
 func BenchmarkCounterAllowAt(b *testing.B) {
-	for _, k := range []int{10, 20, 60} {
-		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
-			c := NewBucketCounter(mustSpec(b, 1200*time.Millisecond, k))
+	for _, limit := range []uint64{Blocks, 1000, 1 << 31} {
+		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
+			c := NewCounter(mustSpec(b, time.Second, 1))
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				// Each goroutine keeps its own clock (1 µs per call), as
 				// callers that each read the time do; a shared atomic
 				// clock here would measure its own contention.
+				var now time.Duration
+				for pb.Next() {
+					now += time.Microsecond
+					c.AllowAt(now, 1, limit)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkBucketCounterAllowAt is BenchmarkCounterAllowAt for the
+// TimeBuckets counter (lock-free), at 10, 20 and 60 buckets.
+func BenchmarkBucketCounterAllowAt(b *testing.B) {
+	for _, k := range []int{10, 20, 60} {
+		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
+			c := NewBucketCounter(mustSpec(b, 1200*time.Millisecond, k))
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
 				var now time.Duration
 				for pb.Next() {
 					now += time.Microsecond
@@ -33,16 +52,21 @@ func BenchmarkCounterAllowAt(b *testing.B) {
 	}
 }
 
-// BenchmarkCounterAllowAtRefused is the over-limit path (with its Retry-After walk).
+// BenchmarkCounterAllowAtRefused is the over-limit path (with its
+// Retry-After) of the default Counter and of the TimeBuckets counter.
 func BenchmarkCounterAllowAtRefused(b *testing.B) {
-	c := NewBucketCounter(mustSpec(b, time.Hour, DefaultBuckets))
-	c.AllowAt(0, 100, 100)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			c.AllowAt(time.Minute, 1, 100)
-		}
-	})
+	for _, alg := range []Algorithm{SlidingWindow, TimeBuckets} {
+		b.Run(alg.String(), func(b *testing.B) {
+			m := newMeter(mustSpec(b, time.Hour, DefaultBuckets), alg)
+			m.AllowAt(0, 1000, 1000)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					m.AllowAt(time.Minute, 1, 1000)
+				}
+			})
+		})
+	}
 }
 
 // BenchmarkStoreDo is Store.DoAt (one request per call) over 100k existing
@@ -74,18 +98,19 @@ func BenchmarkStoreDo(b *testing.B) {
 }
 
 // BenchmarkBytesPerKey reports the heap bytes per active key of a Store
-// (counter, map entry and a 24-byte key) for several bucket counts.
+// (counter, map entry and a 24-byte key) for every algorithm, the
+// TimeBuckets counter at several bucket counts.
 func BenchmarkBytesPerKey(b *testing.B) {
 	for _, k := range []int{1, 10, 20, 60} {
-		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%v/buckets=%d", TimeBuckets, k), func(b *testing.B) {
 			var perKey float64
 			for range b.N {
-				perKey = bytesPerKey(b, k, SlidingWindow, 100_000)
+				perKey = bytesPerKey(b, k, TimeBuckets, 100_000)
 			}
 			b.ReportMetric(perKey, "B/key")
 		})
 	}
-	for _, alg := range []Algorithm{TokenBucket, FixedWindow} {
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} {
 		b.Run(alg.String(), func(b *testing.B) {
 			var perKey float64
 			for range b.N {
@@ -134,21 +159,26 @@ func bytesPerKeyAt(tb testing.TB, k int, alg Algorithm, limit uint64, n int) flo
 	return float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
 }
 
-// BenchmarkShortfall measures, for several bucket counts, what counting
-// the oldest bucket in full (what rules out the boundary burst) costs on
-// steady traffic at 1.5x the limit (Poisson arrivals, limit 100 per 1.2 s,
-// 200 windows): an exact sliding log and a BucketCounter see the same arrivals;
-// "shortfall-%" is the capacity lost, (log admitted - counter admitted) /
-// offered, and "quota-used-%" the BucketCounter's admissions as a share of the
-// log's. This is not the "false rejects" of cmd/accuracy (refusals while
-// the exact log of the BucketCounter's own admissions shows room), which is
-// higher under overload; see README "Accuracy".
+// BenchmarkShortfall measures what each bounded-memory sliding window
+// gives up on steady traffic at 1.5x the limit (Poisson arrivals, limit 1000
+// per 1.2 s, 200 windows): an exact sliding log and the counter see the
+// same arrivals; "shortfall-%" is the capacity lost, (log admitted - counter
+// admitted) / log admitted, and "quota-used-%" the counter's admissions as a
+// share of the log's. cmd/accuracy measures every other trace shape.
 func BenchmarkShortfall(b *testing.B) {
+	b.Run(SlidingWindow.String(), func(b *testing.B) {
+		var shortfall, used float64
+		for range b.N {
+			shortfall, used = shortfallRate(b, SlidingWindow, 1)
+		}
+		b.ReportMetric(shortfall, "shortfall-%")
+		b.ReportMetric(used, "quota-used-%")
+	})
 	for _, k := range []int{1, 2, 4, 10, 20, 50, 60, 100} {
-		b.Run(fmt.Sprintf("buckets=%d", k), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%v/buckets=%d", TimeBuckets, k), func(b *testing.B) {
 			var shortfall, used float64
 			for range b.N {
-				shortfall, used = shortfallRate(b, k)
+				shortfall, used = shortfallRate(b, TimeBuckets, k)
 			}
 			b.ReportMetric(shortfall, "shortfall-%")
 			b.ReportMetric(used, "quota-used-%")
@@ -156,19 +186,18 @@ func BenchmarkShortfall(b *testing.B) {
 	}
 }
 
-func shortfallRate(tb testing.TB, k int) (shortfallPct, usedPct float64) {
+func shortfallRate(tb testing.TB, alg Algorithm, k int) (shortfallPct, usedPct float64) {
 	const (
-		limit   = 100
+		limit   = 1000
 		windows = 200
 	)
 	w := 1200 * time.Millisecond // divisible by every bucket count measured
-	c := NewBucketCounter(mustSpec(tb, w, k))
+	c := newMeter(mustSpec(tb, w, k), alg)
 	rng := rand.New(rand.NewPCG(42, 7))
 	mean := float64(w) / (1.5 * limit)
 	var log []time.Duration // the exact sliding log's admitted hits, oldest first
-	offered, ours, exact := 0, 0, 0
+	ours, exact := 0, 0
 	for now := time.Duration(0); now < windows*w; now += time.Duration(rng.ExpFloat64() * mean) {
-		offered++
 		for len(log) > 0 && log[0] <= now-w {
 			log = log[1:]
 		}
@@ -180,7 +209,7 @@ func shortfallRate(tb testing.TB, k int) (shortfallPct, usedPct float64) {
 			ours++
 		}
 	}
-	return 100 * float64(exact-ours) / float64(offered), 100 * float64(ours) / float64(exact)
+	return 100 * float64(exact-ours) / float64(exact), 100 * float64(ours) / float64(exact)
 }
 
 // BenchmarkStoreDoOneKey is Store.DoAt on one hot key: the Store's own
@@ -202,7 +231,7 @@ func BenchmarkStoreDoOneKey(b *testing.B) {
 // BenchmarkAlgorithms is AllowAt of each algorithm on one key, time passed in.
 func BenchmarkAlgorithms(b *testing.B) {
 	spec := mustSpec(b, time.Second, DefaultBuckets)
-	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow} { // SlidingLog: BenchmarkLogCounterAllowAt
+	for _, alg := range []Algorithm{SlidingWindow, TokenBucket, FixedWindow, TimeBuckets} { // SlidingLog: BenchmarkLogCounterAllowAt
 		b.Run(alg.String(), func(b *testing.B) {
 			m := newMeter(spec, alg)
 			var clock atomic.Int64

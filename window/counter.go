@@ -7,10 +7,11 @@ import (
 )
 
 // Blocks is the number of closed blocks a Counter remembers. A limit of at
-// most Blocks is counted hit by hit (block size 1: the exact sliding log, up
-// to tick rounding); a larger limit groups hits into blocks of
-// ceil(limit/Blocks). It is what fits the Counter in 240 bytes.
-const Blocks = 98
+// most Blocks is counted hit by hit (blocks of one hit: the exact sliding
+// log, up to tick rounding); a larger limit groups hits into Blocks blocks
+// per limit, of floor(limit/Blocks) or ceil(limit/Blocks) hits. It is what
+// fits the Counter in 256 bytes.
+const Blocks = 106
 
 // ticksPerWindow is the most ticks one window spans. A tick is the window
 // divided by it, rounded up to a whole microsecond (so the Redis backend,
@@ -29,12 +30,18 @@ func TickLength(w time.Duration) time.Duration {
 
 // Counter is the default sliding window of one key (the SlidingWindow
 // algorithm): a count-quantised checkpoint log. Admitted hits, in arrival
-// order, are grouped into blocks of b = ceil(limit/Blocks) hits; for each
+// order, are grouped into blocks of about b = limit/Blocks hits; for each
 // closed block only the time of its newest hit is kept (a FIFO ring of
 // Blocks 16-bit ticks), plus the open block's count and newest time. The
 // count of the window (now-W, now] is estimated as
 //
-//	b × (closed blocks newer than now-W) + the open block's count (if newer)
+//	the hits of the closed blocks newer than now-W + the open block's count
+//
+// The block in ring slot p holds floor((p+1)q/Blocks) - floor(pq/Blocks)
+// hits, q being the limit (at least Blocks) when the window was last empty:
+// any Blocks consecutive blocks hold exactly q hits, the sizes differ by at
+// most one, and the hits of any run of slots have a closed form, so the
+// estimate and the retry time take constant time.
 //
 // and a request of h hits is admitted iff estimate + h <= limit.
 //
@@ -48,20 +55,20 @@ func TickLength(w time.Duration) time.Duration {
 //     blocks are FIFO, so only the oldest live block can be partly expired,
 //     and it still holds its newest hit. So a request is refused only when
 //     the real window holds more than limit-h-b hits: the capacity given up
-//     is under b/limit ≈ 1/Blocks of the limit, whatever the traffic shape
-//     (bursts, cron jobs, Poisson, adversaries), and none for a limit of at
-//     most Blocks.
+//     is under ceil(limit/Blocks) hits, about 1/Blocks of the limit,
+//     whatever the traffic shape (bursts, cron jobs, Poisson, adversaries),
+//     and none for a limit of at most Blocks.
 //
 // Timestamps are ticks of TickLength(W), kept modulo 2^16 next to the
 // full newest time seen; they are rounded up, which keeps the estimate
 // conservative. A weighted request (hits > 1) may close several blocks at
 // its own time. A limit that grows beyond Blocks × b while hits are counted
 // keeps adding to the open block (still exact in count, coarser in time);
-// the block size follows the limit again once the window is empty. Refunds
+// the block sizes follow the limit again once the window is empty. Refunds
 // take from the open block, then reopen the newest closed blocks.
 //
 // A Counter is safe for concurrent use (a small per-key mutex, held for a
-// few tens of nanoseconds) and does not allocate. Every method takes the
+// few tens of nanoseconds) and does not allocate; it is 256 bytes. Every method takes the
 // current time explicitly, as a Duration since the origin of a monotonic
 // Clock; a time earlier than one already seen is treated as that newer time
 // (a clock that steps back stands still), and a key idle for a window or
@@ -71,7 +78,7 @@ type Counter struct {
 	window int64        // W, ns
 	tick   int64        // TickLength(W), ns
 	newest atomic.Int64 // newest time seen, ns; written under mu, read lock-free for LRU
-	block  uint32       // b: hits in each closed block
+	quota  uint32       // q: the limit the block sizes divide (at least Blocks)
 	open   uint32       // hits in the open block
 	// openTick is the tick of the open block's newest hit; meaningful when
 	// open > 0.
@@ -88,7 +95,7 @@ func NewCounter(spec Spec) *Counter {
 	if !spec.valid() {
 		panic("window: NewCounter with an invalid Spec (build it with NewSpec)")
 	}
-	return &Counter{window: spec.length, tick: int64(TickLength(spec.Length())), block: 1}
+	return &Counter{window: spec.length, tick: int64(TickLength(spec.Length())), quota: Blocks}
 }
 
 // AllowAt atomically checks whether hits more hits fit under limit in the
@@ -108,7 +115,7 @@ func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	c.mu.Lock()
 	t := c.advance(now)
 	if c.n == 0 && c.open == 0 {
-		c.block = blockSize(limit)
+		c.quota = uint32(max(limit, Blocks))
 	}
 	est := c.estimate()
 	r := Result{Remaining: limit - min(est, limit), Bucket: t}
@@ -144,7 +151,7 @@ func (c *Counter) CountAt(now time.Duration) uint64 {
 	var est uint64
 	for i := range int(c.n) {
 		if c.at(c.ring[c.index(i)]) > edge {
-			est += uint64(c.block)
+			est += c.size(int(c.head) + i)
 		}
 	}
 	if c.open > 0 && c.at(c.openTick) > edge {
@@ -191,14 +198,18 @@ func (c *Counter) layout() (Spec, Algorithm) {
 	return Spec{length: c.window, buckets: 1}, SlidingWindow
 }
 
-// blockSize is b for limit: ceil(limit/Blocks), at least 1.
-func blockSize(limit uint64) uint32 {
-	return uint32(max((limit+Blocks-1)/Blocks, 1))
-}
+// filled is the hits of the blocks of slots 0 .. x-1 of the size cycle
+// (x < 2*Blocks; slot x stands for ring slot x mod Blocks):
+// floor(x*q/Blocks).
+func (c *Counter) filled(x int) uint64 { return uint64(x) * uint64(c.quota) / Blocks }
+
+// size is the hits of the block in slot x of the size cycle.
+func (c *Counter) size(x int) uint64 { return c.filled(x+1) - c.filled(x) }
 
 // estimate is the count of the window after advance. c.mu is held.
 func (c *Counter) estimate() uint64 {
-	return uint64(c.n)*uint64(c.block) + uint64(c.open)
+	h := int(c.head)
+	return c.filled(h+int(c.n)) - c.filled(h) + uint64(c.open)
 }
 
 // advance clamps now to the newest time seen, drops the blocks that left
@@ -239,8 +250,12 @@ func (c *Counter) advance(now time.Duration) int64 {
 func (c *Counter) add(t int64, hits uint64) {
 	tick := uint16(c.absTick(t))
 	total := uint64(c.open) + hits // at most the limit: fits in 32 bits
-	b := uint64(c.block)
-	for total >= b && int(c.n) < Blocks {
+	for int(c.n) < Blocks {
+		x := int(c.head) + int(c.n)
+		b := c.size(x)
+		if total < b {
+			break
+		}
 		c.ring[c.index(int(c.n))] = tick
 		c.n++
 		total -= b
@@ -257,24 +272,30 @@ func (c *Counter) takeBack(hits uint64) {
 	for hits > 0 && c.n > 0 {
 		c.n--
 		c.openTick = c.ring[c.index(int(c.n))]
-		take = min(uint64(c.block), hits)
-		c.open = c.block - uint32(take)
+		b := c.size(int(c.head) + int(c.n))
+		take = min(b, hits)
+		c.open = uint32(b - take)
 		hits -= take
 	}
 }
 
 // retryAfter is the time from now until need more hits fit under limit with
 // estimate est: when the k-th oldest closed block leaves the window, k being
-// the blocks that must go, or, if the closed blocks alone do not free
-// enough, when the open block does. When no window can take need hits
-// (need > limit) it is the window length. c.mu is held, after advance.
+// the fewest oldest blocks that hold the excess, or, if the closed blocks
+// alone do not free enough, when the open block does. When no window can
+// take need hits (need > limit) it is the window length. c.mu is held,
+// after advance.
 func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Duration {
 	if need > limit {
 		return time.Duration(c.window)
 	}
 	excess := est + need - limit // hits that must leave: 1 <= excess <= est
-	k := (excess + uint64(c.block) - 1) / uint64(c.block)
-	if k <= uint64(c.n) {
+	// The fewest slots x past head with filled(x) - filled(head) >= excess:
+	// x = ceil((excess + filled(head)) * Blocks / q).
+	h := int(c.head)
+	q := uint64(c.quota)
+	x := ((excess+c.filled(h))*Blocks + q - 1) / q
+	if k := x - uint64(h); k <= uint64(c.n) {
 		return c.ageOut(now, c.ring[c.index(int(k)-1)])
 	}
 	return c.ageOut(now, c.openTick)

@@ -93,7 +93,7 @@ func TestCounterAnswers(t *testing.T) {
 			{200 * ms, 1, true, 1, time.Second},
 			{300 * ms, 0, true, 1, 900 * ms}, // check: until the newest hit (200ms) ages out
 			{400 * ms, 1, true, 0, time.Second},
-			{500 * ms, 1, false, 0, 600 * ms},  // the 100ms hit leaves at 1.1s
+			{500 * ms, 1, false, 0, 600 * ms}, // the 100ms hit leaves at 1.1s
 			{1100*ms - 16*time.Microsecond, 1, false, 0, 16 * time.Microsecond},
 			{1100 * ms, 1, true, 0, time.Second}, // exactly when the first hit leaves
 			{1150 * ms, 2, false, 0, 250 * ms},   // two must leave: the 200ms and 400ms hits
@@ -112,12 +112,12 @@ func TestCounterAnswers(t *testing.T) {
 			{time.Second, 2, true, 0, time.Second},
 			{5 * time.Hour, 2, true, 0, time.Second},
 		}},
-		// limit 196 with 98 blocks: blocks of 2 hits, each stamped with its
-		// newer hit's time.
-		{"blocks of two", 196, []step{
-			{0, 1, true, 195, time.Second},
-			{100 * ms, 1, true, 194, time.Second}, // closes block 1, stamped 100ms
-			{200 * ms, 194, true, 0, time.Second},
+		// limit 2 × Blocks: blocks of 2 hits, each stamped with its newer
+		// hit's time.
+		{"blocks of two", 2 * Blocks, []step{
+			{0, 1, true, 2*Blocks - 1, time.Second},
+			{100 * ms, 1, true, 2*Blocks - 2, time.Second}, // closes block 1, stamped 100ms
+			{200 * ms, 2*Blocks - 2, true, 0, time.Second},
 			{500 * ms, 1, false, 0, 600 * ms}, // block 1 leaves at 1.1s, whole
 			{1050 * ms, 1, false, 0, 50 * ms}, // the 0ms hit left, but its block did not
 			{1100 * ms, 2, true, 0, time.Second},
@@ -140,12 +140,12 @@ func TestCounterAnswers(t *testing.T) {
 	}
 }
 
-// TestCounterSize pins the memory target: at most 256 bytes per counter, and
-// the 240-byte size class the package documentation promises.
+// TestCounterSize pins the memory target: 256 bytes per counter, a Go size
+// class, as the package documentation promises.
 func TestCounterSize(t *testing.T) {
 	var c Counter
-	if got := unsafe.Sizeof(c); got != 240 {
-		t.Fatalf("Counter is %d bytes, want 240", got)
+	if got := unsafe.Sizeof(c); got != 256 {
+		t.Fatalf("Counter is %d bytes, want 256", got)
 	}
 }
 
@@ -200,7 +200,7 @@ func TestCounterNeverUndercounts(t *testing.T) {
 				for trace := range 20 {
 					c := NewCounter(mustSpec(t, w, 1))
 					log := &exactLog{w: w}
-					b := uint64(blockSize(limit))
+					b := (max(limit, Blocks) + Blocks - 1) / Blocks // the largest block
 					randomTrace(t, c, rng, w, limit, 400, onGrid, refunds, func(now time.Duration, r Result, hits uint64, refund bool) {
 						if refund {
 							log.drop(hits)
@@ -435,10 +435,10 @@ func TestCounterLimitChanges(t *testing.T) {
 	if r := c.AllowAt(299*time.Millisecond, 1, 20); r.Allowed {
 		t.Fatalf("the lowered limit does not apply: %+v", r)
 	}
-	// Empty again: blocks of ceil(10000/98) = 103.
+	// Empty again: the block sizes divide the new limit.
 	c.AllowAt(5*time.Second, 1, 10_000)
-	if c.block != 103 {
-		t.Fatalf("block size %d after the window emptied, want 103", c.block)
+	if c.quota != 10_000 {
+		t.Fatalf("block sizes divide %d after the window emptied, want 10000", c.quota)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,15 +27,16 @@ const storeShards = 256
 // key beyond the bound first evicts an approximately least recently used
 // one (see WithMaxKeys). Evicting a counter forgets its hits.
 //
-// A Store never retains a Request's Key (it copies it when it creates a
-// counter), so a caller may pass a Key that aliases a reused buffer (built
-// with unsafe.String) for the duration of the call; looking up an existing
-// key does not allocate.
+// A Store keeps no key: its maps are keyed by a 128-bit keyed digest of
+// Request.Key (see digest), so a key costs the same whatever its length,
+// and a caller may pass a Key that aliases a reused buffer (built with
+// unsafe.String) for the duration of the call. Looking up an existing key
+// does not allocate.
 //
 // A Store is safe for concurrent use.
 type Store struct {
 	clock   Clock
-	seed    maphash.Seed
+	seeds   [2]maphash.Seed // of the keyed digest; random per Store
 	maxKeys int64
 
 	keys      atomic.Int64
@@ -49,7 +49,7 @@ type Store struct {
 
 type storeShard struct {
 	mu   sync.RWMutex
-	m    map[string]meter
+	m    map[digest]meter
 	idx  int                       // position in Store.shards
 	peak int                       // most keys held since m was allocated
 	_    [64 - 24 - 8 - 8 - 8]byte // keep shards on separate cache lines
@@ -81,12 +81,12 @@ func WithMaxKeys(n int) StoreOption {
 
 // NewStore returns an empty Store reading time from clock.
 func NewStore(clock Clock, opts ...StoreOption) *Store {
-	s := &Store{clock: clock, seed: maphash.MakeSeed()}
+	s := &Store{clock: clock, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 	for _, o := range opts {
 		o(s)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]meter)
+		s.shards[i].m = make(map[digest]meter)
 		s.shards[i].idx = i
 	}
 	return s
@@ -217,10 +217,11 @@ func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) erro
 // SlidingLog or TimeBuckets counter (0 for an unknown key or another
 // algorithm).
 func (s *Store) CountAt(key string, now time.Duration) uint64 {
-	sh := s.shard(key)
+	d := s.digest(key)
+	sh := s.shard(d)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	switch c := sh.m[key].(type) {
+	switch c := sh.m[d].(type) {
 	case *Counter:
 		return c.CountAt(now)
 	case *LogCounter:
@@ -246,7 +247,7 @@ func (s *Store) Sweep(now time.Duration) int {
 			}
 		}
 		if sh.peak > shrinkBelow && len(sh.m) < sh.peak/4 {
-			m := make(map[string]meter, len(sh.m))
+			m := make(map[digest]meter, len(sh.m))
 			for k, c := range sh.m {
 				m[k] = c
 			}
@@ -277,15 +278,27 @@ func (s *Store) Run(ctx context.Context, interval time.Duration) error {
 	}
 }
 
-func (s *Store) shard(key string) *storeShard {
-	return &s.shards[maphash.String(s.seed, key)&(storeShards-1)]
+// digest identifies a key in a Store's maps: a 128-bit keyed hash of it
+// (two maphash hashes under random per-Store seeds), so every key costs the
+// same whatever its length, and nobody who does not know the seeds can
+// choose keys that collide. Two distinct keys share a counter with
+// probability about n²/2^129 for n keys.
+type digest [2]uint64
+
+func (s *Store) digest(key string) digest {
+	return digest{maphash.String(s.seeds[0], key), maphash.String(s.seeds[1], key)}
+}
+
+func (s *Store) shard(d digest) *storeShard {
+	return &s.shards[d[0]&(storeShards-1)]
 }
 
 // allow answers one request.
 func (s *Store) allow(now time.Duration, req *Request) Result {
-	sh := s.shard(req.Key)
+	d := s.digest(req.Key)
+	sh := s.shard(d)
 	sh.mu.RLock()
-	m := sh.m[req.Key]
+	m := sh.m[d]
 	if m != nil && matches(m, req) {
 		// The read lock keeps Sweep and eviction from removing the counter
 		// while hits go in, so no admitted hit is lost with it.
@@ -304,19 +317,19 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	m = sh.m[req.Key]
+	m = sh.m[d]
 	switch {
 	case m == nil:
 		if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
 			s.makeRoom(sh, now)
 		}
 		m = newMeter(req.Spec, req.Algorithm)
-		sh.m[strings.Clone(req.Key)] = m
+		sh.m[d] = m
 		sh.peak = max(sh.peak, len(sh.m))
 		s.keys.Add(1)
 	case !matches(m, req):
 		m = newMeter(req.Spec, req.Algorithm)
-		sh.m[strings.Clone(req.Key)] = m // a map assignment stores the new key
+		sh.m[d] = m
 		s.replaced.Add(1)
 	}
 	return m.AllowAt(now, req.Hits, req.Limit)
@@ -325,10 +338,11 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 // refund answers a Negative request: its hits are taken back from the
 // key's counter, if it has one with the request's layout.
 func (s *Store) refund(now time.Duration, req *Request) Result {
-	sh := s.shard(req.Key)
+	d := s.digest(req.Key)
+	sh := s.shard(d)
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	if m := sh.m[req.Key]; m != nil && matches(m, req) {
+	if m := sh.m[d]; m != nil && matches(m, req) {
 		return m.refund(now, req.Hits, req.Limit)
 	}
 	limit := min(req.Limit, MaxLimit)
@@ -355,7 +369,7 @@ const evictSample = 8
 // candidate is a key considered for eviction.
 type candidate struct {
 	sh   *storeShard
-	key  string
+	key  digest
 	c    meter
 	used time.Duration
 	idle bool
@@ -425,9 +439,10 @@ func sample(sh *storeShard, now time.Duration, dst []candidate) int {
 // undo takes back hits of req recorded in bucket, if req's counter is
 // still the one they were recorded in.
 func (s *Store) undo(req *Request, bucket int64) {
-	sh := s.shard(req.Key)
+	d := s.digest(req.Key)
+	sh := s.shard(d)
 	sh.mu.RLock()
-	if m := sh.m[req.Key]; m != nil && matches(m, req) {
+	if m := sh.m[d]; m != nil && matches(m, req) {
 		m.undo(bucket, req.Hits, req.Limit)
 	}
 	sh.mu.RUnlock()
