@@ -290,6 +290,14 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets must be at least 1, got %d", rl.buckets)
 		return l, false
 	}
+	if rl.bucketsSet && rl.algorithm != TimeBuckets {
+		alg := rl.algorithm
+		if alg == "" {
+			alg = SlidingWindow + ", the default,"
+		}
+		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets applies only to algorithm %s (%s keeps no time buckets)", TimeBuckets, alg)
+		return l, false
+	}
 	if rl.window > 0 {
 		l.Length = rl.window
 		l.Unit, l.UnitMultiplier = reportingUnit(rl.window)
@@ -313,6 +321,9 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 	}
 	if !ok {
 		return l, false
+	}
+	if l.Algorithm != TimeBuckets {
+		return l, true // no buckets: any positive window can be laid out
 	}
 	buckets, field := l.Buckets, "buckets"
 	if buckets == 0 {

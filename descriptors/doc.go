@@ -40,10 +40,11 @@
 //     e.g. 5 minutes); window (a Go duration such as "30s" or "90m" that
 //     overrides unit and multiplier; the unit reported to Envoy is then the
 //     largest unit that divides it, and a sub-second window reports SECOND);
-//     buckets (sliding-window buckets per window, which must divide the
-//     window length exactly); algorithm (sliding_window, the default,
-//     token_bucket, fixed_window, or sliding_log with requests_per_unit at
-//     most window.MaxLogLimit).
+//     algorithm (sliding_window, the default; token_bucket; fixed_window;
+//     sliding_log with requests_per_unit at most window.MaxLogLimit; or
+//     time_buckets, with buckets: time buckets per window, which must
+//     divide the window length exactly; buckets on any other algorithm is
+//     refused).
 //   - circuit_breaker: a breaker fed by observed responses of the requests
 //     matching the descriptor (see Breaker): strategy slow_request_ratio
 //     (needs max_response_time), error_ratio or error_count; threshold (a

@@ -54,6 +54,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"breaker_window_not_divisible.yaml", 8, "circuit_breaker: window length 10s is not divisible into 3 equal buckets"},
 		{"breaker_zero_probes.yaml", 7, "circuit_breaker: half_open_probes must be at least 1"},
 		{"buckets_zero.yaml", 7, "buckets must be at least 1, got 0"},
+		{"buckets_without_time_buckets.yaml", 7, "buckets applies only to algorithm time_buckets (sliding_window, the default, keeps no time buckets)"},
 		{"descriptors_not_list.yaml", 3, "config error, descriptors must be a list, got a mapping"},
 		{"duplicate_domain", 2, "duplicate domain 'shop' in config file (first defined at duplicate_domain/a.yaml:1)"},
 		{"duplicate_field.yaml", 5, "config error, duplicate key 'rate_limit' (first at line 4)"},
@@ -76,7 +77,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"two_documents.yaml", 2, "a rule file must hold a single YAML document"},
 		{"unit_multiplier_zero.yaml", 6, "unit_multiplier must be at least 1"},
 		{"unit_with_unlimited.yaml", 6, "should not specify rate limit unit when unlimited"},
-		{"unknown_algorithm.yaml", 7, "config error, unknown algorithm 'leaky_bucket' (want sliding_window, token_bucket, fixed_window or sliding_log)"},
+		{"unknown_algorithm.yaml", 7, "config error, unknown algorithm 'leaky_bucket' (want sliding_window, token_bucket, fixed_window, sliding_log or time_buckets)"},
 		{"unknown_field_breaker.yaml", 7, "config error, unknown key 'open_for'"},
 		{"unknown_field_descriptor.yaml", 4, "config error, unknown key 'ratelimit'"},
 		{"unknown_field_nested.yaml", 6, "config error, unknown key 'shadowmode'"},
@@ -85,8 +86,8 @@ func TestErrorFixtures(t *testing.T) {
 		{"unknown_field_root.yaml", 2, "config error, unknown key 'descriptor'"},
 		{"unknown_unit.yaml", 6, "invalid rate limit unit 'fortnight'"},
 		{"unlimited_with_limits.yaml", 7, "an unlimited rate limit cannot be combined with other rate limits on one descriptor"},
-		{"window_not_divisible.yaml", 7, "window length 10s is not divisible into 3 equal buckets"},
-		{"window_not_divisible_default.yaml", 6, "window length 1.000000001s is not divisible into 20 equal buckets (the default bucket count); set buckets to a divisor of the window"},
+		{"window_not_divisible.yaml", 8, "window length 10s is not divisible into 3 equal buckets"},
+		{"window_not_divisible_default.yaml", 7, "window length 1.000000001s is not divisible into 20 equal buckets (the default bucket count); set buckets to a divisor of the window"},
 		{"window_not_duration.yaml", 6, "config error, window must be a positive duration such as 30s or 5m, got '5 minutes'"},
 	}
 	seen := map[string]bool{}

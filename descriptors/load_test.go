@@ -34,13 +34,12 @@ descriptors:
         unit_multiplier: 5
         requests_per_unit: 300
         buckets: 30
-        algorithm: token_bucket
+        algorithm: time_buckets
       - window: 90m
         requests_per_unit: 10000 # the sliding_log maximum
         algorithm: sliding_log
       - window: 1500ms
         requests_per_unit: 2
-        buckets: 3
         algorithm: fixed_window
   - key: ban
     rate_limit: {unit: DAY, requests_per_unit: 0}
@@ -73,9 +72,9 @@ func TestParseExtensions(t *testing.T) {
 	}
 	wantLimits := []Limit{
 		{Name: "per_user", RequestsPerUnit: 10, Unit: UnitSecond, UnitMultiplier: 1},
-		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: TokenBucket},
+		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: TimeBuckets},
 		{RequestsPerUnit: 10000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute, Algorithm: SlidingLog},
-		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Buckets: 3, Algorithm: FixedWindow},
+		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Algorithm: FixedWindow},
 	}
 	if !reflect.DeepEqual(user.Limits, wantLimits) {
 		t.Errorf("Limits:\n got %+v\nwant %+v", user.Limits, wantLimits)

@@ -9,12 +9,13 @@ type Algorithm string
 
 // Algorithms a rule may choose; the empty Algorithm means SlidingWindow.
 // A SlidingLog limit keeps one timestamp per hit, so its requests_per_unit
-// may not exceed window.MaxLogLimit.
+// may not exceed window.MaxLogLimit. Only TimeBuckets takes Buckets.
 const (
 	SlidingWindow Algorithm = "sliding_window"
 	TokenBucket   Algorithm = "token_bucket"
 	FixedWindow   Algorithm = "fixed_window"
 	SlidingLog    Algorithm = "sliding_log"
+	TimeBuckets   Algorithm = "time_buckets"
 )
 
 // Limit is one rate limit of a rule.
@@ -32,7 +33,8 @@ type Limit struct {
 	// that overrides Unit × UnitMultiplier; Unit is then the largest unit
 	// that divides it, for reporting.
 	Length time.Duration
-	// Buckets is the number of buckets per window (0: the service default).
+	// Buckets is the number of time buckets per window of a TimeBuckets
+	// limit (0: the service default); the loader refuses it on the others.
 	Buckets int
 	// Algorithm is the admission algorithm ("" means SlidingWindow).
 	Algorithm Algorithm

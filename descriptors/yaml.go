@@ -408,10 +408,10 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 		case "algorithm":
 			s, _ := r.str(name, val)
 			switch a := Algorithm(s); a {
-			case SlidingWindow, TokenBucket, FixedWindow, SlidingLog:
+			case SlidingWindow, TokenBucket, FixedWindow, SlidingLog, TimeBuckets:
 				l.algorithm = a
 			default:
-				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket, fixed_window or sliding_log)", s)
+				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket, fixed_window, sliding_log or time_buckets)", s)
 			}
 		}
 	})

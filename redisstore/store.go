@@ -138,7 +138,7 @@ var (
 
 // SupportsAlgorithm reports whether the Store serves a: every Algorithm of
 // package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog).
-func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.SlidingLog }
+func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.TimeBuckets }
 
 // New returns a Store for the settings. It does not wait for Redis: it
 // starts a health check that runs until ctx is done or Close is called,

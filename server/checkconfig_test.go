@@ -22,7 +22,7 @@ func TestCheckConfig(t *testing.T) {
 			"b.yaml": "domain: b\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
 		}, false, []string{"a.yaml:4: ", "unknown key 'ratelimit'", "b.yaml:5: ", "fortnight", "2 error(s)"}},
 		{"window the bucket count does not divide", map[string]string{
-			"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {window: 7ns, requests_per_unit: 1}\n",
+			"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {window: 7ns, requests_per_unit: 1, algorithm: time_buckets}\n",
 		}, false, []string{"a.yaml:", "1 error(s)"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

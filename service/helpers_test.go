@@ -28,56 +28,58 @@ func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()
 func (c *fakeClock) Set(t time.Duration)     { c.now.Store(int64(t)) }
 func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
-// testRules is the rule set most tests use. Windows have 10 buckets (the
-// service's DefaultBuckets in tests): a 1s window has 100ms buckets, and a
-// hit in bucket b ages out at (b+11) bucket lengths.
+// testRules is the rule set most tests use. Its sliding windows are
+// time_buckets with 10 buckets (the service's DefaultBuckets in tests), so
+// the answers' arithmetic is easy to follow: a 1s window has 100ms buckets,
+// and a hit in bucket b ages out at (b+11) bucket lengths. The default
+// sliding_window's answers are tested in TestDefaultSlidingWindowAnswers.
 const testRules = `
 domain: test
 descriptors:
   - key: k
     value: exact
-    rate_limit: {unit: second, requests_per_unit: 3, name: exact3}
+    rate_limit: {unit: second, requests_per_unit: 3, name: exact3, algorithm: time_buckets}
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: time_buckets}
   - key: multi
     rate_limits:
-      - {unit: second, requests_per_unit: 3, name: per-second}
-      - {unit: minute, requests_per_unit: 5, name: per-minute}
+      - {unit: second, requests_per_unit: 3, name: per-second, algorithm: time_buckets}
+      - {unit: minute, requests_per_unit: 5, name: per-minute, algorithm: time_buckets}
   - key: free
     rate_limit: {unlimited: true}
   - key: shadow
     shadow_mode: true
-    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: time_buckets}
   - key: quota
     value: a
     quota_mode: true
-    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: time_buckets}
   - key: quota
     value: b
     quota_mode: true
-    rate_limit: {unit: second, requests_per_unit: 2}
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: time_buckets}
   - key: old
-    rate_limit: {unit: second, requests_per_unit: 1, name: legacy}
+    rate_limit: {unit: second, requests_per_unit: 1, name: legacy, algorithm: time_buckets}
   - key: new
     rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: legacy}]}
   - key: ban
-    rate_limit: {unit: second, requests_per_unit: 0}
+    rate_limit: {unit: second, requests_per_unit: 0, algorithm: time_buckets}
   - key: win
-    rate_limit: {window: 30s, requests_per_unit: 2}
+    rate_limit: {window: 30s, requests_per_unit: 2, algorithm: time_buckets}
   - key: detailed
     detailed_metric: true
-    rate_limit: {unit: second, requests_per_unit: 100}
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: time_buckets}
   - key: nested
     value: a
     descriptors:
       - key: sub
-        rate_limit: {unit: hour, requests_per_unit: 1}
+        rate_limit: {unit: hour, requests_per_unit: 1, algorithm: time_buckets}
   - key: backend
     value: api
     circuit_breaker: {strategy: error_ratio, threshold: 0.5}
   - key: backend
     value: limited
-    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: time_buckets}
     circuit_breaker: {strategy: error_ratio, threshold: 0.5}
   - key: backend
     value: shadowed
@@ -85,7 +87,7 @@ descriptors:
     circuit_breaker: {strategy: error_ratio, threshold: 0.5}
   - key: meta
     metadata: {tier: gold, route: primary}
-    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: time_buckets}
   - key: bucket
     rate_limit: {unit: second, requests_per_unit: 2, algorithm: token_bucket}
   - key: fixed

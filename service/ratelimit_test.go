@@ -189,23 +189,24 @@ func TestShouldRateLimit(t *testing.T) {
 		{
 			name: "descriptor limit override",
 			steps: []step{
-				// No rule matches: the override still applies in a known domain.
+				// No rule matches: the override still applies in a known domain,
+				// with the default sliding window (hits age out after exactly W).
 				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 1100*ms)}},
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
 				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(2, second, ""), 0, 1100*ms)}},
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
 				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
-					statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 1100*ms)}},
+					statuses: []*dstatus{wantOver(lim(2, second, ""), 0, time.Second)}},
 				// Another value is another counter.
 				{req: req("test", with(desc("x", "z"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 1100*ms)}},
+					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
 				// On a matched rule the override wins and the rule's counter is untouched.
 				{req: req("test", with(desc("k", "exact"), override(1, typev3.RateLimitUnit_MINUTE, 0))), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(1, minute, ""), 0, 66*time.Second)}},
+					statuses: []*dstatus{wantOK(lim(1, minute, ""), 0, time.Minute)}},
 				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
 				// unit_multiplier.
 				{req: req("test", with(desc("x", "m"), override(4, typev3.RateLimitUnit_SECOND, 30))), overall: codeOK,
-					statuses: []*dstatus{wantOK(limMult(4, second, "", 30), 3, 33*time.Second)}},
+					statuses: []*dstatus{wantOK(limMult(4, second, "", 30), 3, 30*time.Second)}},
 				// Shadow mode of the matched rule does not apply to an override.
 				{req: req("test", with(desc("shadow", "s"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
@@ -215,9 +216,9 @@ func TestShouldRateLimit(t *testing.T) {
 			name: "replaces drops the replaced rule entirely",
 			steps: []step{
 				{req: req("test", desc("old", "x"), desc("new", "x")), overall: codeOK,
-					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 4, 1100*ms)}},
+					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 4, time.Second)}},
 				{req: req("test", desc("old", "x"), desc("new", "x")), overall: codeOK,
-					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 3, 1100*ms)}},
+					statuses: []*dstatus{wantPlain(), wantOK(lim(5, second, ""), 3, time.Second)}},
 				// The replaced rule's counter was never touched.
 				{req: req("test", desc("old", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, second, "legacy"), 0, 1100*ms)}},
 			},
@@ -410,7 +411,7 @@ func TestCheckRules(t *testing.T) {
 domain: d
 descriptors:
   - key: w
-    rate_limit: {window: 1100ns, requests_per_unit: 1}
+    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: time_buckets}
 `)
 	if _, err := New(Options{Limiter: window.NewStore(&fakeClock{}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
 		t.Fatal("New accepted a default bucket count that does not divide one second")
@@ -425,17 +426,19 @@ descriptors:
 	if grpcstatus.Code(err) != codes.Internal {
 		t.Fatalf("request on an unservable rule: %v, want Internal", err)
 	}
-	// Token bucket and fixed window have no buckets: any window length fits.
+	// The other algorithms have no buckets: any window length fits.
 	algo := mustParse(t, `
 domain: d
 descriptors:
+  - key: sw
+    rate_limit: {window: 1100ns, requests_per_unit: 1}
   - key: tb
     rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: token_bucket}
   - key: fw
     rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: fixed_window}
 `)
 	if err := h.svc.CheckRules(algo); err != nil {
-		t.Fatalf("CheckRules(token bucket, fixed window) = %v", err)
+		t.Fatalf("CheckRules(sliding window, token bucket, fixed window) = %v", err)
 	}
 	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
 		t.Fatalf("CheckRules(testRules) = %v", err)

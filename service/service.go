@@ -72,9 +72,10 @@ type Options struct {
 	// ShadowMode (SHADOW_MODE) forces the overall code to OK; descriptor
 	// statuses still say OVER_LIMIT where a limit is exceeded.
 	ShadowMode bool
-	// DefaultBuckets is the number of buckets per window of a limit that does
-	// not choose one (window.DefaultBuckets if 0). It must divide one second
-	// exactly so that every unit's window can be laid out.
+	// DefaultBuckets is the number of buckets per window of a time_buckets
+	// limit that does not choose one (window.DefaultBuckets if 0). It must
+	// divide one second exactly so that every unit's window can be laid
+	// out.
 	DefaultBuckets int
 	// NearLimitRatio is the fraction of a limit above which admitted hits
 	// count as near_limit (DefaultNearLimitRatio if 0).
@@ -355,12 +356,9 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			info.limits = nil
 			return info
 		}
-		buckets := l.Buckets
-		switch {
-		case alg != window.SlidingWindow:
-			buckets = 1 // token bucket and fixed window have no buckets
-		case buckets == 0:
-			buckets = s.buckets
+		buckets := 1 // only time_buckets has buckets
+		if alg == window.TimeBuckets {
+			buckets = cmp.Or(l.Buckets, s.buckets)
 		}
 		spec, err := window.NewSpec(l.Window(), buckets)
 		if err != nil {
@@ -414,6 +412,8 @@ func windowAlgorithm(a descriptors.Algorithm) (window.Algorithm, bool) {
 		return window.FixedWindow, true
 	case descriptors.SlidingLog:
 		return window.SlidingLog, true
+	case descriptors.TimeBuckets:
+		return window.TimeBuckets, true
 	}
 	return 0, false
 }

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// DefaultBuckets is the number of buckets per window used when a rule does
-// not choose one.
+// DefaultBuckets is the number of buckets per window of a TimeBuckets
+// counter whose rule does not choose one.
 const DefaultBuckets = 20
 
 // Spec is a validated window layout: a window length split into equal buckets.
