@@ -42,6 +42,8 @@ func TestMatchesInMemoryStore(t *testing.T) {
 			{sw, time.Second, 10, 10}, {sw, time.Second, 1, 5}, {sw, 3 * time.Second, 3, 7}, {sw, time.Second, 20, 0},
 		}, 120 * time.Millisecond},
 		{"sliding_minute", []diffKey{{sw, time.Minute, 20, 100}, {sw, time.Minute, 6, 4}}, 4 * time.Second},
+		// Limits above window.Blocks: blocks of several hits, of two sizes.
+		{"sliding_blocks", []diffKey{{sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}}, 4 * time.Millisecond},
 		{"token_bucket", []diffKey{
 			{tb, 10 * time.Second, 1, 10}, {tb, 10 * time.Second, 10, 3}, {tb, 60 * time.Second, 20, 7}, {tb, 10 * time.Second, 1, 0},
 		}, 2 * time.Second},
@@ -209,6 +211,14 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 		}
 		m := map[string]map[string]string{}
 		for _, k := range keys {
+			if typ, _ := rdb.Type(ctx, k).Result(); typ == "string" { // the sliding window's value
+				v, err := rdb.Get(ctx, k).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m[k] = map[string]string{"value": v}
+				continue
+			}
 			m[k], err = rdb.HGetAll(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -216,7 +226,7 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 		}
 		return m
 	}
-	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog}
+	algs := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.TimeBuckets}
 	for _, vetoer := range algs {
 		t.Run(vetoer.String(), func(t *testing.T) {
 			key := func(a window.Algorithm) string { return vetoer.String() + "_" + a.String() }
@@ -369,7 +379,7 @@ func TestMicrosecondBuckets(t *testing.T) {
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, time.Second, 1_000_000)
-	q := window.Request{Key: "micro", Spec: sp, Limit: 5, Hits: 2, Veto: true}
+	q := window.Request{Key: "micro", Spec: sp, Limit: 5, Hits: 2, Veto: true, Algorithm: window.TimeBuckets}
 	if res, err := s.Do(ctx, []window.Request{q}); err != nil || !res[0].Recorded {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -411,5 +421,39 @@ func TestSlidingLogEdge(t *testing.T) {
 		if res[0].Recorded != st.recorded || res[0].Reset != st.reset {
 			t.Fatalf("at %v: %+v, want recorded %t, reset %v", st.at, res[0], st.recorded, st.reset)
 		}
+	}
+}
+
+// TestSlidingWindowValueSize: the default sliding window is one string of at
+// most 20 + 2*window.Blocks bytes (at most 256), however many hits and
+// whatever the limit; the test logs Redis's MEMORY USAGE for the key.
+func TestSlidingWindowValueSize(t *testing.T) {
+	r := redistest.Start(t)
+	ft := &fakeTime{}
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rdb.Close()
+	sp := mustSpec(t, time.Minute, 1)
+	for _, limit := range []uint64{10, window.Blocks, 10_000, 1 << 31} {
+		key := fmt.Sprint("size_", limit)
+		// One hit every 10 µs for up to a second: every block closes.
+		for i := range 20_000 {
+			ft.set(base + time.Duration(i)*10*time.Microsecond)
+			if _, err := s.Do(ctx, []window.Request{{Key: key, Spec: sp, Limit: limit, Hits: max(limit/20_000, 1)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rk := s.counterKey(&window.Request{Key: key})
+		n, err := rdb.StrLen(ctx, rk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		most := int64(20 + 2*window.Blocks)
+		if n > most || most > 256 || (limit == window.Blocks && n != most) {
+			t.Fatalf("limit %d: value of %d bytes, want at most %d (and at most 256)", limit, n, most)
+		}
+		usage, _ := rdb.MemoryUsage(ctx, rk).Result()
+		t.Logf("limit %d: value %d bytes, MEMORY USAGE %d bytes (key name %d bytes)", limit, n, usage, len(rk))
 	}
 }

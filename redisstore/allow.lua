@@ -2,9 +2,8 @@
 -- Redis's clock. Each counter uses one of window's algorithms, with the
 -- same answers as the in-memory window.Store:
 --
---   0 sliding window (window.Counter): KEYS[i] is a hash whose fields are
---     bucket epochs floor(now / b) and whose values are the hits recorded
---     in that bucket.
+--   0 sliding window (window.Counter): KEYS[i] is the fixed-size string of
+--     checkpoint.lua.
 --   1 token bucket (window.GCRA): KEYS[i] is a hash with fields "tat" (the
 --     theoretical arrival time, ns since the Unix epoch) and "seen" (the
 --     newest time written, ns).
@@ -14,6 +13,9 @@
 --   3 sliding log (window.LogCounter): KEYS[i] is a hash whose fields are
 --     the times (microseconds) hits were admitted at, valued with the hits
 --     admitted then, plus "seen" (the newest time written, microseconds).
+--   4 time buckets (window.BucketCounter): KEYS[i] is a hash whose fields
+--     are bucket epochs floor(now / b) and whose values are the hits
+--     recorded in that bucket.
 --
 -- ARGV[1]  "1": dry run, record nothing (answers only, as if vetoed).
 -- ARGV[2]  the time in microseconds, or "" to read Redis's TIME (the
@@ -21,11 +23,11 @@
 -- ARGV[3+7*(i-1) .. 9+7*(i-1)], for counter i:
 --          bucket length b in microseconds, buckets per window k (the window
 --          W is k*b), limit, hits (0: check whether one more hit would fit),
---          veto ("1"/"0"), algorithm (0/1/2/3), negative ("1": a refund).
+--          veto ("1"/"0"), algorithm (0/1/2/3/4), negative ("1": a refund).
 --
 -- Returns 5 integers per counter: allowed (0/1), recorded (0/1), remaining,
--- reset in nanoseconds, bucket (sliding: epoch; fixed: window number;
--- token bucket: 0; sliding log: the time in microseconds).
+-- reset in nanoseconds, bucket (sliding window and sliding log: the time in
+-- microseconds; time buckets: epoch; fixed: window number; token bucket: 0).
 --
 -- As in window.Store.DoAt: requests that add hits are answered in order,
 -- each seeing the earlier ones of the batch; then refunds are applied, in
@@ -58,6 +60,56 @@ end
 local states = {}
 
 ------------------------------------------------------------ sliding window
+-- window.Counter (the default): checkpoint.lua's fixed-size string.
+local CW = {}
+
+function CW.load(key, b, k)
+  local st = CP.decode(key, b * k, now)
+  st.alg = 0
+  st.t = CP.advance(st)
+  st.dirty, st.added = false, false
+  return st
+end
+
+function CW.allow(st, hits, limit)
+  if st.n == 0 and st.open == 0 then
+    st.quota = math.max(limit, BLOCKS)
+  end
+  local est = CP.estimate(st)
+  local r = {remaining = limit - math.min(est, limit), bucket = st.t}
+  local need = math.max(hits, 1)
+  if est > limit or need > limit - est then
+    r.reset = CP.retryAfter(st, est, need, limit)
+  elseif hits == 0 then
+    r.allowed = true
+    r.reset = CP.newestAgeOut(st)
+  else
+    CP.add(st, st.t, hits)
+    st.dirty, st.added = true, true
+    r.allowed, r.recorded = true, true
+    r.remaining = limit - est - hits
+    r.reset = CP.ageOut(st, st.otick)
+  end
+  return r
+end
+
+function CW.refund(st, hits)
+  CP.takeBack(st, hits)
+  st.dirty = true
+end
+
+-- write stores the counter only when its hits changed: the pruning a read
+-- does is done again by the next one, and answers do not depend on it.
+function CW.write(key, st)
+  if not st.dirty then
+    return false
+  end
+  CP.encode(key, st)
+  return true
+end
+
+------------------------------------------------------------- time buckets
+-- window.BucketCounter: a hash of bucket epochs and their counts.
 local SW = {}
 
 function SW.load(key, b, k)
@@ -85,7 +137,7 @@ function SW.load(key, b, k)
   if #stale > 0 then
     redis.call('HDEL', key, unpack(stale))
   end
-  return {alg = 0, e = e, b = b, k = k, counts = counts, sum = sum,
+  return {alg = 4, e = e, b = b, k = k, counts = counts, sum = sum,
           exists = #fields > 0, dirty = {}, added = false}
 end
 
@@ -437,7 +489,7 @@ function LG.write(key, st)
 end
 
 ----------------------------------------------------------------- the batch
-local algs = {[0] = SW, [1] = TB, [2] = FW, [3] = LG}
+local algs = {[0] = CW, [1] = TB, [2] = FW, [3] = LG, [4] = SW}
 
 local n = #KEYS
 local reqs = {}
@@ -505,6 +557,12 @@ if vetoed or dry then
   for i = 1, n do
     local r, q = out[i], reqs[i]
     if r.recorded then
+      if q.st.alg == 0 and not dry then
+        -- as window.Store does (record, then take back): the open block
+        -- keeps the newer stamp, so both backends hold the same state
+        CP.takeBack(q.st, q.hits)
+        q.st.undone = true
+      end
       r.recorded = false
       r.remaining = math.min(r.remaining + q.hits, q.limit)
     end
@@ -513,6 +571,9 @@ if vetoed or dry then
   -- in window.Store (its answers differ from a missing key's)
   if not dry then
     for key, st in pairs(states) do
+      if st.undone then
+        CP.encode(key, st)
+      end
       if st.created and st.alg == 1 then
         redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))
         redis.call('PEXPIRE', key, math.ceil(st.w / 1000000) + 1)

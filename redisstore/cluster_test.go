@@ -246,7 +246,7 @@ func TestCluster(t *testing.T) {
 
 	// TTLs are set on the cluster too.
 	for _, k := range keys {
-		ttl, err := cc.PTTL(ctx, a.redisKey(k)).Result()
+		ttl, err := cc.PTTL(ctx, a.counterKey(&window.Request{Key: k})).Result()
 		if err != nil || ttl <= 0 {
 			t.Fatalf("TTL of %s: %v %v", k, ttl, err)
 		}

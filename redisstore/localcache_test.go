@@ -38,18 +38,18 @@ func TestLocalCache(t *testing.T) {
 	}
 	do("hot", 2, 2, true)
 	refused := do("hot", 2, 1, true) // Redis refuses: cached for Reset
-	if refused.Allowed || refused.Reset != 1100*time.Millisecond {
+	if refused.Allowed || refused.Reset != time.Second {
 		t.Fatalf("refusal %+v", refused)
 	}
 
 	before := rt.n.Load()
 	for i := range 5 {
-		localClock.add(200 * time.Millisecond)
+		localClock.add(150 * time.Millisecond)
 		res := do("hot", 2, 1, true)
 		if res.Allowed {
 			t.Fatalf("cached refusal %d allowed", i)
 		}
-		if want := 1100*time.Millisecond - time.Duration(i+1)*200*time.Millisecond; res.Reset != want {
+		if want := time.Second - time.Duration(i+1)*150*time.Millisecond; res.Reset != want {
 			t.Fatalf("cached Reset %v, want %v", res.Reset, want)
 		}
 	}

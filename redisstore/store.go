@@ -5,16 +5,19 @@
 // length W at most Limit hits are admitted across all replicas (sliding
 // window), and a refused request consumes no quota.
 //
-// Each counter is one Redis hash whose hash tag is the whole Request.Key
-// (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), plus ":tb" for a token
-// bucket, ":fw" for a fixed window and ":log" for a sliding log. A sliding
-// window's fields are bucket epochs (floor(now / bucket length), now being
-// Redis's TIME in microseconds) whose values are the hits recorded in the
-// bucket; a token bucket's fields are "tat" (GCRA's theoretical arrival
-// time) and "seen" (the newest time written), in nanoseconds; a fixed
-// window's one field is the window number, whose value is its count; a
-// sliding log's fields are admission times (microseconds) valued with the
-// hits admitted then, and "seen". One Lua script (allow.lua)
+// Each counter is one Redis key whose hash tag is the whole Request.Key
+// (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), plus ":sw" for the default
+// sliding window, ":tb" for a token bucket, ":fw" for a fixed window and
+// ":log" for a sliding log (time buckets keep the bare key). The sliding
+// window is window.Counter as one string of at most 20 + 2*window.Blocks
+// bytes (checkpoint.lua), read and written whole, whatever the limit; the
+// others are hashes: a token bucket's fields are "tat" (GCRA's theoretical
+// arrival time) and "seen" (the newest time written), in nanoseconds; a
+// fixed window's one field is the window number, whose value is its count;
+// a sliding log's fields are admission times (microseconds) valued with the
+// hits admitted then, and "seen"; time buckets' fields are bucket epochs
+// (floor(now / bucket length), now being Redis's TIME in microseconds)
+// valued with the hits recorded in the bucket. One Lua script (allow.lua)
 // reads, checks and updates every counter of a batch at once, whatever
 // their algorithms; every write re-arms the key's TTL, so idle counters
 // vanish.
@@ -63,10 +66,15 @@ var allowLua string
 //go:embed undo.lua
 var undoLua string
 
-// The scripts share common.lua's helpers, prepended to each.
+//go:embed checkpoint.lua
+var checkpointLua string
+
+// The scripts share common.lua's helpers and checkpoint.lua's counter,
+// prepended to each with the Counter's block count.
 var (
-	allowScript = redis.NewScript(commonLua + allowLua)
-	undoScript  = redis.NewScript(commonLua + undoLua)
+	prelude     = fmt.Sprintf("local BLOCKS = %d\n", window.Blocks) + commonLua + checkpointLua
+	allowScript = redis.NewScript(prelude + allowLua)
+	undoScript  = redis.NewScript(prelude + undoLua)
 )
 
 // maxLimit is the largest limit enforced, as in window.Counter (Envoy's
@@ -455,12 +463,16 @@ func (s *Store) redisKey(key string) string {
 }
 
 // counterKey returns the Redis key of req's counter: redisKey, with a
-// suffix naming the algorithm for the token bucket (":tb"), the fixed
-// window (":fw") and the sliding log (":log"), so that a key never meets a
-// layout it was not written with. The hash tag, hence the slot, is the
+// suffix naming the algorithm for the sliding window (":sw"), the token
+// bucket (":tb"), the fixed window (":fw") and the sliding log (":log"), so
+// that a key never meets a layout it was not written with (time buckets
+// keep the bare key, which earlier versions used for their sliding
+// window's hash). The hash tag, hence the slot, is the
 // same for every algorithm.
 func (s *Store) counterKey(req *window.Request) string {
 	switch req.Algorithm {
+	case window.SlidingWindow:
+		return s.redisKey(req.Key) + ":sw"
 	case window.TokenBucket:
 		return s.redisKey(req.Key) + ":tb"
 	case window.FixedWindow:
@@ -471,9 +483,15 @@ func (s *Store) counterKey(req *window.Request) string {
 	return s.redisKey(req.Key)
 }
 
-// logBucket converts a sliding log's Result.Bucket (ns, as in
-// window.LogCounter) to and from the script's microseconds.
-const logBucket = int64(time.Microsecond)
+// timeBucket converts the Result.Bucket of a sliding window or a sliding
+// log (a time in ns, as in window.Counter and window.LogCounter) to and from
+// the script's microseconds.
+const timeBucket = int64(time.Microsecond)
+
+// bucketIsTime reports whether a's Result.Bucket is a time (see timeBucket).
+func bucketIsTime(a window.Algorithm) bool {
+	return a == window.SlidingWindow || a == window.SlidingLog
+}
 
 // flag renders a bool as a script argument.
 func flag(b bool) string {
@@ -606,8 +624,8 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 				Reset:     time.Duration(v[3]), // ns
 				Bucket:    v[4],
 			}
-			if reqs[i].Algorithm == window.SlidingLog {
-				results[i].Bucket *= logBucket
+			if bucketIsTime(reqs[i].Algorithm) {
+				results[i].Bucket *= timeBucket
 			}
 			if reqs[i].Veto && !reqs[i].Negative && !results[i].Allowed {
 				vetoed = true
@@ -699,8 +717,8 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 			r := &reqs[i]
 			c.keys[j] = keys[i]
 			bucket := results[i].Bucket
-			if r.Algorithm == window.SlidingLog {
-				bucket /= logBucket
+			if bucketIsTime(r.Algorithm) {
+				bucket /= timeBucket
 			}
 			c.args = append(c.args, int(r.Algorithm), bucket, min(r.Hits, maxLimit),
 				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())

@@ -3,14 +3,17 @@
 --
 -- ARGV[1]  the time in microseconds, or "" to read Redis's TIME.
 -- KEYS[i]  counter i
--- ARGV[2+6*(i-1) .. 7+6*(i-1)], for counter i: algorithm (0 sliding,
---          1 token bucket, 2 fixed window, 3 sliding log), the bucket the hits were
---          recorded in (Result.Bucket), the hits, the limit, bucket length
---          in microseconds, buckets per window.
+-- ARGV[2+6*(i-1) .. 7+6*(i-1)], for counter i: algorithm (0 sliding
+--          window, 1 token bucket, 2 fixed window, 3 sliding log, 4 time
+--          buckets), the bucket the hits were recorded in (Result.Bucket),
+--          the hits, the limit, bucket length in microseconds, buckets per
+--          window.
 --
--- Sliding window: the hits come off the bucket they were recorded in; a
--- bucket that already left the window (pruned or expired) holds nothing to
--- take back. Token bucket: the TAT moves back by the hits' emission
+-- Sliding window: the newest hits are taken back, unless the hits were
+-- recorded a window or more before the newest time written (they have left
+-- already), as window.Counter.UndoAt does. Time buckets: the hits come off
+-- the bucket they were recorded in; a bucket that already left the window
+-- (pruned or expired) holds nothing to take back. Token bucket: the TAT moves back by the hits' emission
 -- intervals, never before now (a bucket never fills beyond full). Fixed
 -- window: the hits come off the window they were recorded in, if it is
 -- still the newest. Sliding log: up to the hits come off the entries stamped
@@ -24,6 +27,12 @@ for i = 1, #KEYS do
   local hits, limit = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local b, k = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   if alg == '0' then
+    local st = CP.decode(key, b * k, now)
+    if st.exists and st.newest - tonumber(field) < st.w and hits > 0 then
+      CP.takeBack(st, hits)
+      CP.encode(key, st)
+    end
+  elseif alg == '4' then
     local c = tonumber(redis.call('HGET', key, field))
     if c then
       if c > hits then

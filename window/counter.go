@@ -222,14 +222,15 @@ func (c *Counter) advance(now time.Duration) int64 {
 		t = prev
 	}
 	edge := t - c.window
-	if edge >= prev {
-		// Every hit counted is at most prev, so none is in the window; this
-		// also covers keys idle for longer than 16-bit ticks can name.
-		c.n, c.open, c.head = 0, 0, 0
+	anchor := c.absTick(prev)
+	if edge >= anchor*c.tick {
+		// Every tick held is at most prev's, so every block has left: what
+		// pruning would find, also for keys idle for longer than 16-bit
+		// ticks can name.
+		c.n, c.open = 0, 0
 	} else {
 		// Ticks are lifted against prev's: every block held survived the
 		// previous advance, so it lies within a window and a tick of it.
-		anchor := c.absTick(prev)
 		for c.n > 0 && c.lift(c.ring[c.head], anchor)*c.tick <= edge {
 			c.head = uint8(c.index(1))
 			c.n--
@@ -237,6 +238,12 @@ func (c *Counter) advance(now time.Duration) int64 {
 		if c.open > 0 && c.lift(c.openTick, anchor)*c.tick <= edge {
 			c.open = 0
 		}
+	}
+	if c.n == 0 && c.open == 0 {
+		// An empty window starts the size cycle afresh, so the answers do
+		// not depend on when the emptiness was noticed (the Redis backend,
+		// which writes only when hits change, gives the same answers).
+		c.head = 0
 	}
 	if t > prev {
 		c.newest.Store(t)
