@@ -5,9 +5,11 @@
 //
 // Usage:
 //
-//	go run ./cmd/accuracy [-limit 100] [-window 1s] [-seed 1] [-buckets 2,4,10,20,25,50,100]
+//	go run ./cmd/accuracy [-limits 10,100,1000,10000] [-window 1s] [-seed 1] [-buckets 20,60,100]
 //
-// See README-section.md beside this file for what each figure means.
+// The headline is the capacity shortfall: what an exact sliding log admits
+// on the same arrivals and the algorithm does not, as a share of the log's
+// admissions. See docs/accuracy.md for what each figure means.
 package main
 
 import (
@@ -20,8 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/leapgate/leapgate/window"
 )
 
 // config is everything a run depends on.
@@ -29,7 +29,10 @@ type config struct {
 	params
 	traceParams
 	seed    uint64
-	buckets []int // bucket counts of window.Counter to compare
+	buckets []int // bucket counts of window.BucketCounter (time_buckets) to compare
+	// limits are the limits to report, one section each (params.limit is
+	// the one being run).
+	limits []uint64
 	// costKeys is the number of keys for bytes per key; 0 skips the cost
 	// measurements (they are not deterministic).
 	costKeys int
@@ -42,40 +45,44 @@ type config struct {
 
 func main() {
 	cfg := config{}
-	var buckets string
-	flag.Uint64Var(&cfg.limit, "limit", 100, "hits allowed per window on every key")
+	var buckets, limits string
+	flag.StringVar(&limits, "limits", "100", "comma-separated limits (hits allowed per window on every key), one report section each")
 	flag.DurationVar(&cfg.window, "window", time.Second, "window length")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the random traces")
 	flag.IntVar(&cfg.windows, "windows", 30, "length of each open-loop trace, in windows")
 	flag.IntVar(&cfg.keys, "keys", 1000, "number of keys of the Zipf trace")
-	flag.StringVar(&buckets, "buckets", "2,4,10,20,25,50,100", "bucket counts of the Leapgate sliding window to compare (the default is always added)")
+	flag.StringVar(&buckets, "buckets", "20,50,100", "bucket counts of Leapgate's time_buckets to compare (each must divide the window: 60 does not divide 1s)")
 	flag.IntVar(&cfg.costKeys, "cost-keys", 4096, "keys over which bytes per key is measured (0: skip bytes and ns per decision)")
 	flag.IntVar(&cfg.costDecisions, "cost-decisions", 500000, "decisions in the ns-per-decision timing loop")
 	flag.IntVar(&cfg.storeKeys, "store-keys", 100000, "keys put in a window.Store to measure its bytes per key (0: skip)")
 	flag.Parse()
 
 	var err error
-	if cfg.buckets, err = parseBuckets(buckets); err != nil {
+	if cfg.buckets, err = parseList(buckets, "bucket count", strconv.Atoi); err != nil {
 		fmt.Fprintln(os.Stderr, "accuracy:", err)
 		os.Exit(2)
 	}
-	if err := run(os.Stdout, os.Stderr, cfg); err != nil {
+	if cfg.limits, err = parseList(limits, "limit", func(s string) (uint64, error) { return strconv.ParseUint(s, 10, 32) }); err != nil || len(cfg.limits) == 0 {
+		fmt.Fprintln(os.Stderr, "accuracy: -limits:", err)
+		os.Exit(2)
+	}
+	if err := runAll(os.Stdout, os.Stderr, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "accuracy:", err)
 		os.Exit(2)
 	}
 }
 
-// parseBuckets reads a comma-separated list of bucket counts and adds
-// window.DefaultBuckets.
-func parseBuckets(s string) ([]int, error) {
-	out := []int{window.DefaultBuckets}
+// parseList reads a comma-separated list of positive numbers, sorted and
+// without repeats.
+func parseList[T int | uint64](s, what string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
 	for _, f := range strings.Split(s, ",") {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
-		n, err := strconv.Atoi(f)
+		n, err := parse(f)
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bucket count %q: want a positive integer", f)
+			return nil, fmt.Errorf("%s %q: want a positive integer", what, f)
 		}
 		out = append(out, n)
 	}
@@ -83,12 +90,37 @@ func parseBuckets(s string) ([]int, error) {
 	return slices.Compact(out), nil
 }
 
+// runAll runs every limit of cfg.limits (costs are measured with the
+// first) and returns the errors of all.
+func runAll(out, warn io.Writer, cfg config) error {
+	var errs []error
+	for i, l := range cfg.limits {
+		c := cfg
+		c.limit = l
+		if i > 0 {
+			c.costKeys, c.storeKeys = 0, 0
+			fmt.Fprintln(out)
+		}
+		if err := run(out, warn, c); err != nil {
+			errs = append(errs, fmt.Errorf("limit %d: %w", l, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // algorithms returns the algorithms to compare, in table order. Bucket
 // counts that do not divide the window are reported on warn and skipped.
 func algorithms(cfg config, warn io.Writer) []algorithm {
-	algs := []algorithm{exactLogAlgorithm(cfg.params), envoyAlgorithm(cfg.params), sentinelAlgorithm(cfg.params), gcraAlgorithm(cfg.params)}
+	def, err := slidingWindowAlgorithm(cfg.params)
+	if err != nil {
+		fmt.Fprintf(warn, "accuracy: skipping the default sliding window: %v\n", err)
+	}
+	algs := []algorithm{def, exactLogAlgorithm(cfg.params), envoyAlgorithm(cfg.params), sentinelAlgorithm(cfg.params), gcraAlgorithm(cfg.params)}
+	if err != nil {
+		algs = algs[1:]
+	}
 	for _, b := range cfg.buckets {
-		a, err := slidingWindowAlgorithm(cfg.params, b)
+		a, err := timeBucketsAlgorithm(cfg.params, b)
 		if err != nil {
 			fmt.Fprintf(warn, "accuracy: skipping %d buckets: %v\n", b, err)
 			continue
@@ -117,11 +149,11 @@ func run(out, warn io.Writer, cfg config) error {
 	rows := evaluate(cfg, algorithms(cfg, warn))
 	var store *storeCost
 	if cfg.costKeys > 0 && cfg.storeKeys > 0 {
-		b, err := measureStoreBytesPerKey(cfg.params, window.DefaultBuckets, cfg.storeKeys)
+		b, err := measureStoreBytesPerKey(cfg.params, cfg.storeKeys)
 		if err != nil {
 			return fmt.Errorf("measuring the store: %w", err)
 		}
-		store = &storeCost{buckets: window.DefaultBuckets, keys: cfg.storeKeys, keyLen: len(storeKey(0)), bytesPerKey: b}
+		store = &storeCost{keys: cfg.storeKeys, keyLen: len(storeKey(0)), bytesPerKey: b}
 	}
 	writeReport(out, cfg, rows, store)
 	return checkGuarantees(cfg.params, rows)

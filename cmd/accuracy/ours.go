@@ -9,34 +9,58 @@ import (
 	"github.com/leapgate/leapgate/window"
 )
 
-// slidingWindow adapts one window.Counter (Leapgate's own sliding window:
-// check-and-add over every bucket overlapping (now-W, now]) to a decider,
-// with no state of its own.
+// slidingWindow adapts one window.Counter (Leapgate's default sliding
+// window, count-quantised checkpoints) to a decider, with no state of its
+// own.
 type slidingWindow window.Counter
 
 func (s *slidingWindow) allow(now time.Duration, hits, limit uint64) bool {
 	return (*window.Counter)(s).AllowAt(now, hits, limit).Allowed
 }
 
-// slidingWindowAlgorithm returns window.Counter with the given bucket count,
-// or an error if the window length is not divisible into that many buckets.
-func slidingWindowAlgorithm(p params, buckets int) (algorithm, error) {
+// slidingWindowAlgorithm returns window.Counter. It has no time buckets:
+// the boundary adversary aims at the end of the whole window (and the
+// tests shift it to every tenth of a window).
+func slidingWindowAlgorithm(p params) (algorithm, error) {
+	spec, err := window.NewSpec(p.window, 1)
+	if err != nil {
+		return algorithm{}, err
+	}
+	return algorithm{
+		name:        "Leapgate sliding_window (default)",
+		ours:        true,
+		noBurst:     true,
+		granularity: p.window,
+		newDecider: func() decider {
+			return (*slidingWindow)(window.NewCounter(spec))
+		},
+	}, nil
+}
+
+// timeBuckets adapts one window.BucketCounter (Leapgate's time_buckets:
+// check-and-add over every bucket overlapping (now-W, now]) to a decider.
+type timeBuckets window.BucketCounter
+
+func (s *timeBuckets) allow(now time.Duration, hits, limit uint64) bool {
+	return (*window.BucketCounter)(s).AllowAt(now, hits, limit).Allowed
+}
+
+// timeBucketsAlgorithm returns window.BucketCounter with the given bucket
+// count, or an error if the window length is not divisible into that many
+// buckets.
+func timeBucketsAlgorithm(p params, buckets int) (algorithm, error) {
 	spec, err := window.NewSpec(p.window, buckets)
 	if err != nil {
 		return algorithm{}, err
 	}
-	name := fmt.Sprintf("Leapgate sliding window, %d buckets", buckets)
-	if buckets == window.DefaultBuckets {
-		name += " (default)"
-	}
 	return algorithm{
-		name:        name,
+		name:        fmt.Sprintf("Leapgate time_buckets, %d buckets", buckets),
 		ours:        true,
 		noBurst:     true,
 		buckets:     buckets,
 		granularity: spec.BucketLength(),
 		newDecider: func() decider {
-			return (*slidingWindow)(window.NewCounter(spec))
+			return (*timeBuckets)(window.NewBucketCounter(spec))
 		},
 	}, nil
 }
@@ -74,7 +98,7 @@ func otherWindowAlgorithms(p params) ([]algorithm, error) {
 	}
 	return []algorithm{
 		{
-			name:        "Leapgate sliding log (window.LogCounter)",
+			name:        "Leapgate sliding_log (exact, window.LogCounter)",
 			ours:        true,
 			noBurst:     true,
 			exact:       true,
@@ -82,13 +106,13 @@ func otherWindowAlgorithms(p params) ([]algorithm, error) {
 			newDecider:  func() decider { return (*exactWindow)(window.NewLogCounter(spec)) },
 		},
 		{
-			name:        "Leapgate token bucket (window.GCRA)",
+			name:        "Leapgate token_bucket (window.GCRA)",
 			ours:        true,
 			granularity: p.window,
 			newDecider:  func() decider { return (*tokenBucket)(window.NewGCRA(spec)) },
 		},
 		{
-			name:        "Leapgate fixed window (window.FixedCounter)",
+			name:        "Leapgate fixed_window (window.FixedCounter)",
 			ours:        true,
 			buckets:     1,
 			granularity: p.window,
@@ -107,11 +131,12 @@ func (c fixedClock) Now() time.Duration { return time.Duration(c) }
 // bytes long.
 func storeKey(i int) string { return fmt.Sprintf("api/user_id=user-%07d", i) }
 
-// measureStoreBytesPerKey fills a window.Store with keys active keys (each
-// given one admitted hit through DoAt) and returns the growth of the live
-// heap per key: the Counter plus the Store's map entry and the key string.
-func measureStoreBytesPerKey(p params, buckets, keys int) (float64, error) {
-	spec, err := window.NewSpec(p.window, buckets)
+// measureStoreBytesPerKey fills a window.Store with keys active keys of the
+// default sliding window (each given one admitted hit through DoAt) and
+// returns the growth of the live heap per key: the Counter plus the Store's
+// map entry.
+func measureStoreBytesPerKey(p params, keys int) (float64, error) {
+	spec, err := window.NewSpec(p.window, 1)
 	if err != nil {
 		return 0, err
 	}

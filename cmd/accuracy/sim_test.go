@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -381,17 +382,17 @@ func TestCheckGuarantees(t *testing.T) {
 	}
 }
 
-func TestParseBuckets(t *testing.T) {
-	got, err := parseBuckets("4, 100,4,,10")
+func TestParseList(t *testing.T) {
+	got, err := parseList("4, 100,4,,10", "bucket count", strconv.Atoi)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(got, 4) || !slices.Contains(got, 10) || !slices.Contains(got, 100) || !slices.IsSorted(got) {
-		t.Errorf("parseBuckets = %v", got)
+	if !slices.Equal(got, []int{4, 10, 100}) {
+		t.Errorf("parseList = %v, want [4 10 100]", got)
 	}
 	for _, bad := range []string{"0", "x", "-3"} {
-		if _, err := parseBuckets(bad); err == nil {
-			t.Errorf("parseBuckets(%q) = nil error", bad)
+		if _, err := parseList(bad, "bucket count", strconv.Atoi); err == nil {
+			t.Errorf("parseList(%q) = nil error", bad)
 		}
 	}
 }
@@ -429,20 +430,20 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// TestCostMeasured: the cost figures come out positive and an exact log at
-// its limit costs more per key than a 20-bucket window (it keeps every
-// timestamp).
+// TestCostMeasured: the cost figures come out positive, the default sliding
+// window within its 256 bytes, and an exact log at a limit of 1000 costs
+// more per key (it keeps every timestamp).
 func TestCostMeasured(t *testing.T) {
 	cfg := testConfig()
-	cfg.limit = 100
-	exact := measureBytesPerKey(cfg.params, exactLogAlgorithm(cfg.params), 512)
-	ours, err := slidingWindowAlgorithm(cfg.params, 20)
+	cfg.limit = 1000
+	exact := measureBytesPerKey(cfg.params, exactLogAlgorithm(cfg.params), 256)
+	ours, err := slidingWindowAlgorithm(cfg.params)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sw := measureBytesPerKey(cfg.params, ours, 512)
-	if sw <= 0 || exact <= sw {
-		t.Errorf("bytes per key: exact log %.0f, 20-bucket window %.0f; want 0 < window < log", exact, sw)
+	if sw <= 0 || sw > targetBytesPerKey || exact <= sw {
+		t.Errorf("bytes per key: exact log %.0f, default sliding window %.0f; want 0 < window <= 256 < log", exact, sw)
 	}
 	if ns := measureNsPerDecision(cfg.params, ours, 1000); ns <= 0 {
 		t.Errorf("ns per decision = %v", ns)
@@ -480,7 +481,8 @@ func TestTraceShapes(t *testing.T) {
 	want := map[string]float64{ // offered hits per window, as a multiple of the limit
 		"steady 0.5x": 0.5, "steady 1x": 1, "steady 1.5x": 1.5, "steady 3x": 3,
 		"Poisson 0.7x": 0.7, "Poisson 1.2x": 1.2, "mixed hits 1-5, Poisson 1.2x": 1.2,
-		"on/off bursts": 1.5 / 1.3, "1000 keys Zipf, 10x total": 10,
+		"on/off: 0.3 W at 5x, every 1.3 W": 1.5 / 1.3, "1000 keys Zipf, 10x total": 10,
+		"Poisson 1.5x": 1.5, "cron: the limit within 1 ms, every window": 1, "bursty: 1/4 W at 4x, every 1.1 W": 1 / 1.1,
 	}
 	for i, tr := range traces(tp) {
 		rate, ok := want[tr.name]

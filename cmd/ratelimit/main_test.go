@@ -134,7 +134,8 @@ func (rb *runningBinary) stop(t *testing.T) {
 	}
 }
 
-// dial connects to the binary's gRPC listener and waits for SERVING.
+// dial connects to the binary's gRPC listener and waits up to 10 s for
+// SERVING (a Redis backend serves once its first health probe succeeds).
 func (rb *runningBinary) dial(t *testing.T) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	cc, err := grpc.NewClient(rb.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -144,11 +145,17 @@ func (rb *runningBinary) dial(t *testing.T) rlsv3.RateLimitServiceClient {
 	t.Cleanup(func() { cc.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	h, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
-	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("health: %v %v", h, err)
+	for {
+		h, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err == nil && h.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return rlsv3.NewRateLimitServiceClient(cc)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("health: %v %v", h, err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return rlsv3.NewRateLimitServiceClient(cc)
 }
 
 // expectCodes makes one call per wanted code, in order.
