@@ -512,3 +512,54 @@ func TestTraceShapes(t *testing.T) {
 		t.Errorf("no trace named %q", name)
 	}
 }
+
+// TestDefaultAtManyLimits: the default sliding window at limits 10, 100,
+// 113, 1000 and 10000 never overshoots, with the boundary adversary aimed at
+// every tenth of a window and on the cron and burst traces; and it gives up
+// at most 1% of what the exact log admits on every open-loop trace at the
+// limit the README reports (100), and none on the traces no tick can
+// disturb.
+func TestDefaultAtManyLimits(t *testing.T) {
+	for _, limit := range []uint64{10, 100, 113, 1000, 10_000} {
+		p := params{limit: limit, window: s}
+		def, err := slidingWindowAlgorithm(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tenth := 1; tenth <= 10; tenth++ {
+			shifted := def
+			shifted.granularity = p.window * time.Duration(tenth) / 10
+			if _, o := boundaryOutcome(t, p, shifted); o.overshoot(limit) != 0 {
+				t.Errorf("limit %d, burst at %d/10 of the window: overshoot %d", limit, tenth, o.overshoot(limit))
+			}
+		}
+		tp := traceParams{windows: 8, keys: 20}
+		for i, tr := range traces(tp) {
+			if !strings.HasPrefix(tr.name, "cron") && !strings.HasPrefix(tr.name, "bursty") && !strings.HasPrefix(tr.name, "on/off") {
+				continue
+			}
+			o := measure(p, simulate(p, tp, def, tr, 3, uint64(i)))
+			if o.overshoot(limit) != 0 {
+				t.Errorf("limit %d, %s: overshoot %d", limit, tr.name, o.overshoot(limit))
+			}
+		}
+	}
+
+	p := params{limit: 100, window: s}
+	def, _ := slidingWindowAlgorithm(p)
+	tp := traceParams{windows: 30, keys: 1000}
+	for i, tr := range traces(tp) {
+		if tr.adaptive {
+			continue
+		}
+		o := measure(p, simulate(p, tp, def, tr, 1, uint64(i)))
+		switch sf := o.shortfall(); {
+		case sf > targetShortfall:
+			t.Errorf("limit 100, %s: shortfall %.2f%%, want at most 1%%", tr.name, 100*sf)
+		case tr.name == "Poisson 1.2x" || tr.name == "mixed hits 1-5, Poisson 1.2x" || strings.HasPrefix(tr.name, "bursty"):
+			if o.admittedHits != o.idealHits {
+				t.Errorf("limit 100, %s: admitted %d, the exact log %d: want the same (100 hits are counted one by one)", tr.name, o.admittedHits, o.idealHits)
+			}
+		}
+	}
+}
