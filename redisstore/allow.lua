@@ -73,7 +73,7 @@ end
 
 function CW.allow(st, hits, limit)
   if st.n == 0 and st.open == 0 then
-    st.quota = math.max(limit, BLOCKS)
+    st.quota = CP.quotaFor(limit)
   end
   local est = CP.estimate(st)
   local r = {remaining = limit - math.min(est, limit), bucket = st.t}
@@ -88,7 +88,7 @@ function CW.allow(st, hits, limit)
     st.dirty, st.added = true, true
     r.allowed, r.recorded = true, true
     r.remaining = limit - est - hits
-    r.reset = CP.ageOut(st, st.otick)
+    r.reset = CP.newestAgeOut(st)
   end
   return r
 end

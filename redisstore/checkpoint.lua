@@ -7,10 +7,13 @@
 -- undercounts and overcounts by less than one block.
 --
 -- The value is struct.pack('<dI4I4HBB', newest, quota, open, openTick, head,
--- n) followed by n 16-bit ticks, the closed blocks oldest first (ring slots
--- head .. head+n-1 mod BLOCKS): newest is the newest time written (us),
--- quota the limit the block sizes divide, open the hits of the open block
--- and openTick the tick of its newest hit. At most 20 + 2*BLOCKS bytes.
+-- n) followed by the closed blocks' times, oldest first (ring slots head ..
+-- head+n-1 mod the ring's capacity): newest is the newest time written
+-- (us), quota the limit the block sizes divide (at least BLOCKS) or, below
+-- BLOCKS, the limit of an exact log (at most EXACT), open the hits of the
+-- open block and openTick the tick of its newest hit. The times are n
+-- 16-bit ticks, or, for an exact log, n doubles (us). At most 20 + 2*BLOCKS
+-- bytes.
 
 local CP = {}
 
@@ -32,9 +35,47 @@ local function cpLift(tick, anchor)
   return anchor - ((anchor - tick) % CP_RANGE)
 end
 
--- cpFilled is the hits of the size cycle's slots 0 .. x-1: floor(x*q/BLOCKS).
+-- cpExact reports whether st's ring holds full times (an exact log).
+local function cpExact(st)
+  return st.quota < BLOCKS
+end
+
+-- cpSlots is the ring's capacity in closed blocks.
+local function cpSlots(st)
+  if cpExact(st) then
+    return EXACT
+  end
+  return BLOCKS
+end
+
+-- cpFormat is the struct format of n stored times.
+local function cpFormat(st, n)
+  if cpExact(st) then
+    return '<' .. string.rep('d', n)
+  end
+  return '<' .. string.rep('H', n)
+end
+
+-- cpStamp is the time (us) of the i-th oldest closed block.
+local function cpStamp(st, i, anchor)
+  if cpExact(st) then
+    return st.ring[i]
+  end
+  return cpLift(st.ring[i], anchor) * st.u
+end
+
+-- CP.quotaFor is the quota of an empty window under limit.
+function CP.quotaFor(limit)
+  if limit <= EXACT then
+    return limit
+  end
+  return math.max(limit, BLOCKS)
+end
+
+-- cpFilled is the hits of the size cycle's slots 0 .. x-1:
+-- floor(x*q/BLOCKS), q at least BLOCKS (an exact log has blocks of one hit).
 local function cpFilled(st, x)
-  return idiv(x * st.quota, BLOCKS)
+  return idiv(x * math.max(st.quota, BLOCKS), BLOCKS)
 end
 
 local function cpSize(st, x)
@@ -51,7 +92,7 @@ function CP.decode(key, w, now)
   if v then
     st.newest, st.quota, st.open, st.otick, st.head, st.n = struct.unpack('<dI4I4HBB', v)
     if st.n > 0 then
-      st.ring = {struct.unpack('<' .. string.rep('H', st.n), v, 21)}
+      st.ring = {struct.unpack(cpFormat(st, st.n), v, 21)}
       st.ring[st.n + 1] = nil -- unpack's last value is the next position
     end
   end
@@ -66,15 +107,21 @@ function CP.encode(key, st)
   end
   local v = struct.pack('<dI4I4HBB', st.newest, st.quota, st.open, st.otick, st.head, st.n)
   if st.n > 0 then
-    v = v .. struct.pack('<' .. string.rep('H', st.n), unpack(ring))
+    v = v .. struct.pack(cpFormat(st, st.n), unpack(ring))
   end
   local ttl = math.ceil((st.newest - st.now + st.u + st.w) / 1000) + 1
   redis.call('SET', key, v, 'PX', math.max(ttl, 1))
 end
 
--- CP.at is the time (us) a stored tick stands for.
-function CP.at(st, tick)
-  return cpLift(tick, cpAbs(st, st.newest)) * st.u
+-- CP.openTime is the time (us) the open block is stamped at.
+function CP.openTime(st)
+  return cpLift(st.otick, cpAbs(st, st.newest)) * st.u
+end
+
+-- CP.stampAt is the time (us) of the i-th oldest closed block, after
+-- advance.
+function CP.stampAt(st, i)
+  return cpStamp(st, i, cpAbs(st, st.newest))
 end
 
 -- CP.advance clamps now to the newest time written, drops the blocks that
@@ -92,7 +139,7 @@ function CP.advance(st)
     st.n, st.open, st.ring = 0, 0, {}
   else
     local drop = 0
-    while drop < st.n and cpLift(st.ring[drop + 1], anchor) * st.u <= edge do
+    while drop < st.n and cpStamp(st, drop + 1, anchor) <= edge do
       drop = drop + 1
     end
     if drop > 0 then
@@ -101,7 +148,7 @@ function CP.advance(st)
         ring[#ring + 1] = st.ring[i]
       end
       st.ring, st.n = ring, st.n - drop
-      st.head = (st.head + drop) % BLOCKS
+      st.head = (st.head + drop) % cpSlots(st)
     end
     if st.open > 0 and cpLift(st.otick, anchor) * st.u <= edge then
       st.open = 0
@@ -123,14 +170,18 @@ end
 -- CP.add records hits at time t (window.Counter's add).
 function CP.add(st, t, hits)
   local tick = cpAbs(st, t) % CP_RANGE
+  local stamp = tick
+  if cpExact(st) then
+    stamp = t
+  end
   local total = st.open + hits
-  while st.n < BLOCKS do
+  while st.n < cpSlots(st) do
     local b = cpSize(st, st.head + st.n)
     if total < b then
       break
     end
     st.n = st.n + 1
-    st.ring[st.n] = tick
+    st.ring[st.n] = stamp
     total = total - b
   end
   st.open, st.otick = total, tick
@@ -141,8 +192,9 @@ function CP.takeBack(st, hits)
   local take = math.min(st.open, hits)
   st.open = st.open - take
   hits = hits - take
+  local anchor = cpAbs(st, st.newest)
   while hits > 0 and st.n > 0 do
-    st.otick = st.ring[st.n]
+    st.otick = cpAbs(st, cpStamp(st, st.n, anchor)) % CP_RANGE
     st.ring[st.n] = nil
     st.n = st.n - 1
     local b = cpSize(st, st.head + st.n)
@@ -152,9 +204,9 @@ function CP.takeBack(st, hits)
   end
 end
 
--- CP.ageOut is the time (ns) from now until a block stamped tick leaves.
-function CP.ageOut(st, tick)
-  local d = CP.at(st, tick) + st.w - st.now
+-- CP.ageOut is the time (ns) from now until a block stamped at (us) leaves.
+function CP.ageOut(st, at)
+  local d = at + st.w - st.now
   if d < 0 then
     d = 0
   end
@@ -167,19 +219,20 @@ function CP.retryAfter(st, est, need, limit)
     return st.w * 1000
   end
   local excess = est + need - limit
-  local x = idiv((excess + cpFilled(st, st.head)) * BLOCKS + st.quota - 1, st.quota)
+  local q = math.max(st.quota, BLOCKS)
+  local x = idiv((excess + cpFilled(st, st.head)) * BLOCKS + q - 1, q)
   local k = x - st.head
   if k <= st.n then
-    return CP.ageOut(st, st.ring[k])
+    return CP.ageOut(st, CP.stampAt(st, k))
   end
-  return CP.ageOut(st, st.otick)
+  return CP.ageOut(st, CP.openTime(st))
 end
 
 function CP.newestAgeOut(st)
   if st.open > 0 then
-    return CP.ageOut(st, st.otick)
+    return CP.ageOut(st, CP.openTime(st))
   elseif st.n > 0 then
-    return CP.ageOut(st, st.ring[st.n])
+    return CP.ageOut(st, CP.stampAt(st, st.n))
   end
   return 0
 end

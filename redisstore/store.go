@@ -70,9 +70,9 @@ var undoLua string
 var checkpointLua string
 
 // The scripts share common.lua's helpers and checkpoint.lua's counter,
-// prepended to each with the Counter's block count.
+// prepended to each with the Counter's block count and exact-log limit.
 var (
-	prelude     = fmt.Sprintf("local BLOCKS = %d\n", window.Blocks) + commonLua + checkpointLua
+	prelude     = fmt.Sprintf("local BLOCKS, EXACT = %d, %d\n", window.Blocks, window.ExactLimit) + commonLua + checkpointLua
 	allowScript = redis.NewScript(prelude + allowLua)
 	undoScript  = redis.NewScript(prelude + undoLua)
 )

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,12 @@ import (
 // per limit, of floor(limit/Blocks) or ceil(limit/Blocks) hits. It is what
 // fits the Counter in 256 bytes.
 const Blocks = 106
+
+// ExactLimit is the largest limit a Counter keeps as an exact sliding log:
+// up to it, the ring holds the full time of every admitted hit (8 bytes
+// each, in the room of Blocks 16-bit ticks), so its decisions are those of
+// an exact log to the nanosecond.
+const ExactLimit = 2 * Blocks / 8
 
 // ticksPerWindow is the most ticks one window spans. A tick is the window
 // divided by it, rounded up to a whole microsecond (so the Redis backend,
@@ -61,7 +68,8 @@ func TickLength(w time.Duration) time.Duration {
 //
 // Timestamps are ticks of TickLength(W), kept modulo 2^16 next to the
 // full newest time seen; they are rounded up, which keeps the estimate
-// conservative. A weighted request (hits > 1) may close several blocks at
+// conservative. A limit of at most ExactLimit keeps exact times instead:
+// the Counter is then the exact sliding log. A weighted request (hits > 1) may close several blocks at
 // its own time. A limit that grows beyond Blocks × b while hits are counted
 // keeps adding to the open block (still exact in count, coarser in time);
 // the block sizes follow the limit again once the window is empty. Refunds
@@ -78,14 +86,19 @@ type Counter struct {
 	window int64        // W, ns
 	tick   int64        // TickLength(W), ns
 	newest atomic.Int64 // newest time seen, ns; written under mu, read lock-free for LRU
-	quota  uint32       // q: the limit the block sizes divide (at least Blocks)
-	open   uint32       // hits in the open block
+	// quota is q, the limit the block sizes divide (at least Blocks), or,
+	// below Blocks, the limit of an exact log (at most ExactLimit) whose
+	// ring holds full times: see exact.
+	quota uint32
+	open  uint32 // hits in the open block
 	// openTick is the tick of the open block's newest hit; meaningful when
 	// open > 0.
 	openTick uint16
 	head     uint8 // ring index of the oldest closed block
 	n        uint8 // closed blocks held
-	ring     [Blocks]uint16
+	// ring holds the closed blocks' times: Blocks little-endian 16-bit
+	// ticks, or ExactLimit 64-bit times (ns) when exact.
+	ring [2 * Blocks]byte
 }
 
 // NewCounter returns an empty Counter over spec.Length() (the Spec's bucket
@@ -115,7 +128,7 @@ func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	c.mu.Lock()
 	t := c.advance(now)
 	if c.n == 0 && c.open == 0 {
-		c.quota = uint32(max(limit, Blocks))
+		c.quota = quotaFor(limit)
 	}
 	est := c.estimate()
 	r := Result{Remaining: limit - min(est, limit), Bucket: t}
@@ -130,7 +143,7 @@ func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 		c.add(t, hits)
 		r.Allowed, r.Recorded = true, true
 		r.Remaining = limit - est - hits
-		r.Reset = c.ageOut(now, c.openTick) // add stamps the open block at t
+		r.Reset = c.newestAgeOut(now)
 	}
 	c.mu.Unlock()
 	return r
@@ -148,13 +161,14 @@ func (c *Counter) CountAt(now time.Duration) uint64 {
 	if edge >= newest {
 		return 0
 	}
+	anchor := c.absTick(newest)
 	var est uint64
 	for i := range int(c.n) {
-		if c.at(c.ring[c.index(i)]) > edge {
+		if c.stamp(c.index(i), anchor) > edge {
 			est += c.size(int(c.head) + i)
 		}
 	}
-	if c.open > 0 && c.at(c.openTick) > edge {
+	if c.open > 0 && c.lift(c.openTick, anchor)*c.tick > edge {
 		est += uint64(c.open)
 	}
 	return est
@@ -198,10 +212,49 @@ func (c *Counter) layout() (Spec, Algorithm) {
 	return Spec{length: c.window, buckets: 1}, SlidingWindow
 }
 
+// quotaFor is the quota of an empty window under limit: the limit itself
+// for an exact log, else the limit the block sizes divide.
+func quotaFor(limit uint64) uint32 {
+	if limit <= ExactLimit {
+		return uint32(limit)
+	}
+	return uint32(max(limit, Blocks))
+}
+
+// exact reports whether the ring holds full times (an exact log).
+func (c *Counter) exact() bool { return c.quota < Blocks }
+
+// slots is the ring's capacity in closed blocks.
+func (c *Counter) slots() int {
+	if c.exact() {
+		return ExactLimit
+	}
+	return Blocks
+}
+
+// stamp returns the time (ns) of the block in ring slot j: its full time,
+// or its tick lifted against anchor, in ns.
+func (c *Counter) stamp(j int, anchor int64) int64 {
+	if c.exact() {
+		return int64(binary.LittleEndian.Uint64(c.ring[8*j:]))
+	}
+	return c.lift(binary.LittleEndian.Uint16(c.ring[2*j:]), anchor) * c.tick
+}
+
+// setStamp stamps the block in ring slot j with time t (ns): in full, or
+// rounded up to its tick.
+func (c *Counter) setStamp(j int, t int64) {
+	if c.exact() {
+		binary.LittleEndian.PutUint64(c.ring[8*j:], uint64(t))
+		return
+	}
+	binary.LittleEndian.PutUint16(c.ring[2*j:], uint16(c.absTick(t)))
+}
+
 // filled is the hits of the blocks of slots 0 .. x-1 of the size cycle
-// (x < 2*Blocks; slot x stands for ring slot x mod Blocks):
-// floor(x*q/Blocks).
-func (c *Counter) filled(x int) uint64 { return uint64(x) * uint64(c.quota) / Blocks }
+// (x < 2*slots; slot x stands for ring slot x mod slots): floor(x*q/Blocks),
+// q being at least Blocks (an exact log has blocks of one hit).
+func (c *Counter) filled(x int) uint64 { return uint64(x) * uint64(max(c.quota, Blocks)) / Blocks }
 
 // size is the hits of the block in slot x of the size cycle.
 func (c *Counter) size(x int) uint64 { return c.filled(x+1) - c.filled(x) }
@@ -231,7 +284,7 @@ func (c *Counter) advance(now time.Duration) int64 {
 	} else {
 		// Ticks are lifted against prev's: every block held survived the
 		// previous advance, so it lies within a window and a tick of it.
-		for c.n > 0 && c.lift(c.ring[c.head], anchor)*c.tick <= edge {
+		for c.n > 0 && c.stamp(int(c.head), anchor) <= edge {
 			c.head = uint8(c.index(1))
 			c.n--
 		}
@@ -255,19 +308,18 @@ func (c *Counter) advance(now time.Duration) int64 {
 // closing full blocks at t's tick while the ring has room. c.mu is held; the
 // caller checked that the hits fit under the limit.
 func (c *Counter) add(t int64, hits uint64) {
-	tick := uint16(c.absTick(t))
 	total := uint64(c.open) + hits // at most the limit: fits in 32 bits
-	for int(c.n) < Blocks {
+	for int(c.n) < c.slots() {
 		x := int(c.head) + int(c.n)
 		b := c.size(x)
 		if total < b {
 			break
 		}
-		c.ring[c.index(int(c.n))] = tick
+		c.setStamp(c.index(int(c.n)), t)
 		c.n++
 		total -= b
 	}
-	c.open, c.openTick = uint32(total), tick
+	c.open, c.openTick = uint32(total), uint16(c.absTick(t))
 }
 
 // takeBack removes hits, newest first: from the open block, then reopening
@@ -276,9 +328,10 @@ func (c *Counter) takeBack(hits uint64) {
 	take := min(uint64(c.open), hits)
 	c.open -= uint32(take)
 	hits -= take
+	anchor := c.absTick(c.newest.Load())
 	for hits > 0 && c.n > 0 {
 		c.n--
-		c.openTick = c.ring[c.index(int(c.n))]
+		c.openTick = uint16(c.absTick(c.stamp(c.index(int(c.n)), anchor)))
 		b := c.size(int(c.head) + int(c.n))
 		take = min(b, hits)
 		c.open = uint32(b - take)
@@ -300,12 +353,12 @@ func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Du
 	// The fewest slots x past head with filled(x) - filled(head) >= excess:
 	// x = ceil((excess + filled(head)) * Blocks / q).
 	h := int(c.head)
-	q := uint64(c.quota)
+	q := uint64(max(c.quota, Blocks))
 	x := ((excess+c.filled(h))*Blocks + q - 1) / q
 	if k := x - uint64(h); k <= uint64(c.n) {
-		return c.ageOut(now, c.ring[c.index(int(k)-1)])
+		return c.ageOut(now, c.stamp(c.index(int(k)-1), c.absTick(c.newest.Load())))
 	}
-	return c.ageOut(now, c.openTick)
+	return c.ageOut(now, c.openTime())
 }
 
 // newestAgeOut is the time from now until every counted hit has left the
@@ -313,23 +366,23 @@ func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Du
 func (c *Counter) newestAgeOut(now time.Duration) time.Duration {
 	switch {
 	case c.open > 0:
-		return c.ageOut(now, c.openTick)
+		return c.ageOut(now, c.openTime())
 	case c.n > 0:
-		return c.ageOut(now, c.ring[c.index(int(c.n)-1)])
+		return c.ageOut(now, c.stamp(c.index(int(c.n)-1), c.absTick(c.newest.Load())))
 	}
 	return 0
 }
 
-// ageOut is the time from now until a block stamped with tick leaves the
-// window. c.mu is held, after advance.
-func (c *Counter) ageOut(now time.Duration, tick uint16) time.Duration {
-	return max(0, time.Duration(c.at(tick)+c.window)-now)
+// ageOut is the time from now until a block stamped at (ns) leaves the
+// window.
+func (c *Counter) ageOut(now time.Duration, at int64) time.Duration {
+	return max(0, time.Duration(at+c.window)-now)
 }
 
-// at returns the time (ns) a stored tick stands for, lifted against the
-// newest time seen. c.mu is held, after advance.
-func (c *Counter) at(tick uint16) int64 {
-	return c.lift(tick, c.absTick(c.newest.Load())) * c.tick
+// openTime is the time (ns) the open block is stamped at: its tick, lifted
+// against the newest time seen. c.mu is held, after advance.
+func (c *Counter) openTime() int64 {
+	return c.lift(c.openTick, c.absTick(c.newest.Load())) * c.tick
 }
 
 // absTick is t rounded up to a whole tick, in ticks.
@@ -344,8 +397,8 @@ func (c *Counter) lift(tick uint16, anchor int64) int64 {
 // index is the ring position of the i-th oldest closed block.
 func (c *Counter) index(i int) int {
 	j := int(c.head) + i
-	if j >= Blocks {
-		j -= Blocks
+	if n := c.slots(); j >= n {
+		j -= n
 	}
 	return j
 }

@@ -235,13 +235,18 @@ func TestCounterNeverUndercounts(t *testing.T) {
 	}
 }
 
-// TestCounterIsExactLogForSmallLimits: for a limit of at most Blocks every
-// block is one hit, so the Counter decides exactly as an exact sliding log
-// whose times are rounded up to the tick (and as the exact log itself when
-// times lie on the tick grid).
+// TestCounterIsExactLogForSmallLimits: for a limit of at most ExactLimit the
+// Counter is the exact sliding log, to the nanosecond; up to Blocks every
+// block is one hit, so it decides exactly as an exact sliding log whose
+// times are rounded up to the tick (and as the exact log itself when times
+// lie on the tick grid).
 func TestCounterIsExactLogForSmallLimits(t *testing.T) {
 	w := time.Minute
-	for _, limit := range []uint64{1, 5, 10, 50, Blocks} {
+	for _, limit := range []uint64{1, 5, 10, ExactLimit, ExactLimit + 1, 50, Blocks} {
+		round := TickLength(w)
+		if limit <= ExactLimit {
+			round = 0
+		}
 		for _, onGrid := range []bool{true, false} {
 			rng := rand.New(rand.NewPCG(limit, 11))
 			for range 20 {
@@ -252,7 +257,7 @@ func TestCounterIsExactLogForSmallLimits(t *testing.T) {
 						log.drop(hits)
 						return
 					}
-					want := log.count(now, TickLength(w))+max(hits, 1) <= limit
+					want := log.count(now, round)+max(hits, 1) <= limit
 					if r.Allowed != want {
 						t.Fatalf("limit %d at %v, %d hits: allowed %v, exact log says %v", limit, now, hits, r.Allowed, want)
 					}
@@ -500,4 +505,47 @@ func FuzzCounterNeverUndercounts(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCounterExactAtWindowEdges: up to ExactLimit, a hit leaves the window
+// exactly W after its own time, to the nanosecond, at times off any tick
+// grid: one nanosecond before, the window is still full; at it, the next hit
+// passes.
+func TestCounterExactAtWindowEdges(t *testing.T) {
+	w := time.Second
+	for _, limit := range []uint64{1, 10, ExactLimit} {
+		c := NewCounter(mustSpec(t, w, 1))
+		at := make([]time.Duration, limit)
+		for i := range at {
+			at[i] = 3*w + time.Duration(i)*7*time.Millisecond + 1 // never on a tick
+			if r := c.AllowAt(at[i], 1, limit); !r.Allowed {
+				t.Fatalf("limit %d: hit %d refused", limit, i)
+			}
+		}
+		for i, a := range at {
+			if r := c.AllowAt(a+w-1, 1, limit); r.Allowed || r.Reset != 1 {
+				t.Fatalf("limit %d: 1ns before hit %d leaves: %+v, want refused with reset 1ns", limit, i, r)
+			}
+			if r := c.AllowAt(a+w, 1, limit); !r.Allowed {
+				t.Fatalf("limit %d: refused when hit %d left exactly: %+v", limit, i, r)
+			}
+		}
+	}
+}
+
+// TestCounterRefundKeepsStamps: a refund that reopens a closed block keeps
+// the block's time, so the hits left in it count until that time leaves.
+func TestCounterRefundKeepsStamps(t *testing.T) {
+	w := time.Second
+	c := NewCounter(mustSpec(t, w, 1))
+	const limit = 4 * Blocks // blocks of 4 hits
+	at := 2*w + 5*time.Millisecond + 1
+	c.AllowAt(at, 4, limit) // one closed block, stamped at's tick
+	c.RefundAt(at, 1)       // reopened: 3 hits left in the open block
+	if got := c.CountAt(at + w - 1); got != 3 {
+		t.Fatalf("1ns before the hits leave: count %d, want 3", got)
+	}
+	if got := c.CountAt(at + w + TickLength(w)); got != 0 {
+		t.Fatalf("a tick after they left: count %d, want 0", got)
+	}
 }

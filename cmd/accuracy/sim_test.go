@@ -482,7 +482,7 @@ func TestTraceShapes(t *testing.T) {
 		"steady 0.5x": 0.5, "steady 1x": 1, "steady 1.5x": 1.5, "steady 3x": 3,
 		"Poisson 0.7x": 0.7, "Poisson 1.2x": 1.2, "mixed hits 1-5, Poisson 1.2x": 1.2,
 		"on/off: 0.3 W at 5x, every 1.3 W": 1.5 / 1.3, "1000 keys Zipf, 10x total": 10,
-		"Poisson 1.5x": 1.5, "cron: the limit within 1 ms, every window": 1, "bursty: 1/4 W at 4x, every 1.1 W": 1 / 1.1,
+		"Poisson 1.5x": 1.5, "steady 1x, U(0, 100µs) jitter": 1, "cron: the limit within 1 ms, every window": 1, "bursty: 1/4 W at 4x, every 1.1 W": 1 / 1.1,
 	}
 	for i, tr := range traces(tp) {
 		rate, ok := want[tr.name]

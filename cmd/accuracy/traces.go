@@ -43,6 +43,7 @@ func traces(tp traceParams) []trace {
 	for _, r := range []float64{0.5, 1, 1.5, 3} {
 		ts = append(ts, trace{name: fmt.Sprintf("steady %gx", r), withinLimit: r <= 1, run: steady(r)})
 	}
+	ts = append(ts, trace{name: "steady 1x, U(0, 100µs) jitter", withinLimit: true, run: jittered(1, 100*time.Microsecond)})
 	for _, r := range []float64{0.7, 1.2, 1.5} {
 		ts = append(ts, trace{name: fmt.Sprintf("Poisson %gx", r), withinLimit: r <= 1, run: poisson(r, 1, 1)})
 	}
@@ -71,6 +72,24 @@ func steady(rate float64) func(params, traceParams, time.Duration, *rand.Rand, f
 		end := start + time.Duration(tp.windows)*p.window
 		for t := start + gap/2; t < end; t += gap {
 			decide(request{at: t, hits: 1})
+		}
+	}
+}
+
+// jittered is steady with each request sent up to jitter late (uniform), as
+// a client's timer and scheduler make it: the requests of a steady trace
+// come exactly W apart to the nanosecond, so a request may meet the hit of
+// one window before at the very instant it leaves.
+func jittered(rate float64, jitter time.Duration) func(params, traceParams, time.Duration, *rand.Rand, func(request) bool) {
+	return func(p params, tp traceParams, _ time.Duration, rng *rand.Rand, decide func(request) bool) {
+		gap := spacing(p, rate)
+		start := origin * p.window
+		end := start + time.Duration(tp.windows)*p.window
+		last := time.Duration(0)
+		for t := start + gap/2; t < end; t += gap {
+			at := max(t+time.Duration(rng.Int64N(int64(jitter))), last) // in time order
+			decide(request{at: at, hits: 1})
+			last = at
 		}
 	}
 }
