@@ -126,7 +126,7 @@ func NewCounter(spec Spec) *Counter {
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	limit = min(limit, MaxLimit)
 	c.mu.Lock()
-	t := c.advance(now)
+	t, anchor := c.advance(now)
 	if c.n == 0 && c.open == 0 {
 		c.quota = quotaFor(limit)
 	}
@@ -135,15 +135,15 @@ func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	need := max(hits, 1)
 	switch {
 	case est > limit || need > limit-est:
-		r.Reset = c.retryAfter(now, est, need, limit)
+		r.Reset = c.retryAfter(now, anchor, est, need, limit)
 	case hits == 0:
 		r.Allowed = true
-		r.Reset = c.newestAgeOut(now)
+		r.Reset = c.newestAgeOut(now, anchor)
 	default:
-		c.add(t, hits)
+		c.add(t, anchor, hits)
 		r.Allowed, r.Recorded = true, true
 		r.Remaining = limit - est - hits
-		r.Reset = c.newestAgeOut(now)
+		r.Reset = c.newestAgeOut(now, anchor)
 	}
 	c.mu.Unlock()
 	return r
@@ -184,10 +184,11 @@ func (c *Counter) LastUsed() time.Duration { return time.Duration(c.newest.Load(
 func (c *Counter) UndoAt(at int64, hits uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.newest.Load()-at >= c.window {
+	newest := c.newest.Load()
+	if newest-at >= c.window {
 		return
 	}
-	c.takeBack(hits)
+	c.takeBack(hits, c.absTick(newest))
 }
 
 // RefundAt takes back hits as of now, the newest first and never below
@@ -195,8 +196,8 @@ func (c *Counter) UndoAt(at int64, hits uint64) {
 func (c *Counter) RefundAt(now time.Duration, hits uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.advance(now)
-	c.takeBack(hits)
+	_, anchor := c.advance(now)
+	c.takeBack(hits, anchor)
 }
 
 func (c *Counter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
@@ -241,14 +242,23 @@ func (c *Counter) stamp(j int, anchor int64) int64 {
 	return c.lift(binary.LittleEndian.Uint16(c.ring[2*j:]), anchor) * c.tick
 }
 
-// setStamp stamps the block in ring slot j with time t (ns): in full, or
-// rounded up to its tick.
-func (c *Counter) setStamp(j int, t int64) {
+// setStamp stamps the block in ring slot j with time t (ns), whose tick is
+// tick: in full, or as the tick.
+func (c *Counter) setStamp(j int, t, tick int64) {
 	if c.exact() {
 		binary.LittleEndian.PutUint64(c.ring[8*j:], uint64(t))
 		return
 	}
-	binary.LittleEndian.PutUint16(c.ring[2*j:], uint16(c.absTick(t)))
+	binary.LittleEndian.PutUint16(c.ring[2*j:], uint16(tick))
+}
+
+// stampTick returns the tick of the block in ring slot j (its time rounded
+// up to a tick, for an exact log), 16 bits of it.
+func (c *Counter) stampTick(j int) uint16 {
+	if c.exact() {
+		return uint16(c.absTick(int64(binary.LittleEndian.Uint64(c.ring[8*j:]))))
+	}
+	return binary.LittleEndian.Uint16(c.ring[2*j:])
 }
 
 // filled is the hits of the blocks of slots 0 .. x-1 of the size cycle
@@ -266,16 +276,17 @@ func (c *Counter) estimate() uint64 {
 }
 
 // advance clamps now to the newest time seen, drops the blocks that left
-// the window ending there, records it as the newest time and returns it.
-// c.mu is held.
-func (c *Counter) advance(now time.Duration) int64 {
-	t := int64(max(now, 0))
+// the window ending there, records it as the newest time and returns it,
+// with its tick (the anchor every stored tick is lifted against from now
+// on). c.mu is held.
+func (c *Counter) advance(now time.Duration) (t, anchor int64) {
+	t = int64(max(now, 0))
 	prev := c.newest.Load()
 	if t <= prev {
 		t = prev
 	}
 	edge := t - c.window
-	anchor := c.absTick(prev)
+	anchor = c.absTick(prev)
 	if edge >= anchor*c.tick {
 		// Every tick held is at most prev's, so every block has left: what
 		// pruning would find, also for keys idle for longer than 16-bit
@@ -300,14 +311,15 @@ func (c *Counter) advance(now time.Duration) int64 {
 	}
 	if t > prev {
 		c.newest.Store(t)
+		anchor = c.absTick(t)
 	}
-	return t
+	return t, anchor
 }
 
-// add records hits at time t (the newest time seen): into the open block,
-// closing full blocks at t's tick while the ring has room. c.mu is held; the
-// caller checked that the hits fit under the limit.
-func (c *Counter) add(t int64, hits uint64) {
+// add records hits at time t (the newest time seen, whose tick is tick): into
+// the open block, closing full blocks at t while the ring has room. c.mu is
+// held; the caller checked that the hits fit under the limit.
+func (c *Counter) add(t, tick int64, hits uint64) {
 	total := uint64(c.open) + hits // at most the limit: fits in 32 bits
 	for int(c.n) < c.slots() {
 		x := int(c.head) + int(c.n)
@@ -315,23 +327,23 @@ func (c *Counter) add(t int64, hits uint64) {
 		if total < b {
 			break
 		}
-		c.setStamp(c.index(int(c.n)), t)
+		c.setStamp(c.index(int(c.n)), t, tick)
 		c.n++
 		total -= b
 	}
-	c.open, c.openTick = uint32(total), uint16(c.absTick(t))
+	c.open, c.openTick = uint32(total), uint16(tick)
 }
 
 // takeBack removes hits, newest first: from the open block, then reopening
-// closed blocks from the newest. c.mu is held.
-func (c *Counter) takeBack(hits uint64) {
+// closed blocks from the newest. c.mu is held; anchor is the newest time's
+// tick.
+func (c *Counter) takeBack(hits uint64, anchor int64) {
 	take := min(uint64(c.open), hits)
 	c.open -= uint32(take)
 	hits -= take
-	anchor := c.absTick(c.newest.Load())
 	for hits > 0 && c.n > 0 {
 		c.n--
-		c.openTick = uint16(c.absTick(c.stamp(c.index(int(c.n)), anchor)))
+		c.openTick = c.stampTick(c.index(int(c.n)))
 		b := c.size(int(c.head) + int(c.n))
 		take = min(b, hits)
 		c.open = uint32(b - take)
@@ -345,7 +357,7 @@ func (c *Counter) takeBack(hits uint64) {
 // alone do not free enough, when the open block does. When no window can
 // take need hits (need > limit) it is the window length. c.mu is held,
 // after advance.
-func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Duration {
+func (c *Counter) retryAfter(now time.Duration, anchor int64, est, need, limit uint64) time.Duration {
 	if need > limit {
 		return time.Duration(c.window)
 	}
@@ -356,19 +368,19 @@ func (c *Counter) retryAfter(now time.Duration, est, need, limit uint64) time.Du
 	q := uint64(max(c.quota, Blocks))
 	x := ((excess+c.filled(h))*Blocks + q - 1) / q
 	if k := x - uint64(h); k <= uint64(c.n) {
-		return c.ageOut(now, c.stamp(c.index(int(k)-1), c.absTick(c.newest.Load())))
+		return c.ageOut(now, c.stamp(c.index(int(k)-1), anchor))
 	}
-	return c.ageOut(now, c.openTime())
+	return c.ageOut(now, c.openTime(anchor))
 }
 
 // newestAgeOut is the time from now until every counted hit has left the
 // window (0 when nothing is counted). c.mu is held, after advance.
-func (c *Counter) newestAgeOut(now time.Duration) time.Duration {
+func (c *Counter) newestAgeOut(now time.Duration, anchor int64) time.Duration {
 	switch {
 	case c.open > 0:
-		return c.ageOut(now, c.openTime())
+		return c.ageOut(now, c.openTime(anchor))
 	case c.n > 0:
-		return c.ageOut(now, c.stamp(c.index(int(c.n)-1), c.absTick(c.newest.Load())))
+		return c.ageOut(now, c.stamp(c.index(int(c.n)-1), anchor))
 	}
 	return 0
 }
@@ -380,9 +392,9 @@ func (c *Counter) ageOut(now time.Duration, at int64) time.Duration {
 }
 
 // openTime is the time (ns) the open block is stamped at: its tick, lifted
-// against the newest time seen. c.mu is held, after advance.
-func (c *Counter) openTime() int64 {
-	return c.lift(c.openTick, c.absTick(c.newest.Load())) * c.tick
+// against anchor, the newest time's tick.
+func (c *Counter) openTime(anchor int64) int64 {
+	return c.lift(c.openTick, anchor) * c.tick
 }
 
 // absTick is t rounded up to a whole tick, in ticks.

@@ -91,9 +91,11 @@ func parseList[T int | uint64](s, what string, parse func(string) (T, error)) ([
 }
 
 // runAll runs every limit of cfg.limits (costs are measured with the
-// first) and returns the errors of all.
+// first), then, for several limits, prints the default sliding window's
+// shortfall per trace at each; it returns the errors of all.
 func runAll(out, warn io.Writer, cfg config) error {
 	var errs []error
+	var defaults []row // the default's row at each limit
 	for i, l := range cfg.limits {
 		c := cfg
 		c.limit = l
@@ -101,9 +103,17 @@ func runAll(out, warn io.Writer, cfg config) error {
 			c.costKeys, c.storeKeys = 0, 0
 			fmt.Fprintln(out)
 		}
-		if err := run(out, warn, c); err != nil {
+		rows, err := run(out, warn, c)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("limit %d: %w", l, err))
 		}
+		if len(rows) > 0 && rows[0].alg.noBurst && rows[0].alg.buckets == 0 {
+			defaults = append(defaults, rows[0])
+		}
+	}
+	if len(defaults) > 1 && len(defaults) == len(cfg.limits) {
+		fmt.Fprintln(out)
+		writeAcrossLimits(out, cfg.limits, defaults)
 	}
 	return errors.Join(errs...)
 }
@@ -135,28 +145,30 @@ func algorithms(cfg config, warn io.Writer) []algorithm {
 }
 
 // run simulates every trace through every algorithm and writes the report.
-func run(out, warn io.Writer, cfg config) error {
+// run simulates every trace through every algorithm at cfg.limit, writes
+// the report and returns the rows (the default sliding window first).
+func run(out, warn io.Writer, cfg config) ([]row, error) {
 	switch {
 	case cfg.limit < 1:
-		return fmt.Errorf("limit must be at least 1")
+		return nil, fmt.Errorf("limit must be at least 1")
 	case cfg.window < time.Millisecond:
-		return fmt.Errorf("window %v: want at least 1ms", cfg.window)
+		return nil, fmt.Errorf("window %v: want at least 1ms", cfg.window)
 	case cfg.windows < 1:
-		return fmt.Errorf("windows must be at least 1")
+		return nil, fmt.Errorf("windows must be at least 1")
 	case cfg.keys < 1:
-		return fmt.Errorf("keys must be at least 1")
+		return nil, fmt.Errorf("keys must be at least 1")
 	}
 	rows := evaluate(cfg, algorithms(cfg, warn))
 	var store *storeCost
 	if cfg.costKeys > 0 && cfg.storeKeys > 0 {
 		b, err := measureStoreBytesPerKey(cfg.params, cfg.storeKeys)
 		if err != nil {
-			return fmt.Errorf("measuring the store: %w", err)
+			return rows, fmt.Errorf("measuring the store: %w", err)
 		}
 		store = &storeCost{keys: cfg.storeKeys, keyLen: len(storeKey(0)), bytesPerKey: b}
 	}
 	writeReport(out, cfg, rows, store)
-	return checkGuarantees(cfg.params, rows)
+	return rows, checkGuarantees(cfg.params, rows)
 }
 
 // checkGuarantees returns an error if Leapgate's sliding window overshot on

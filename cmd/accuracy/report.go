@@ -197,3 +197,32 @@ func writeReport(w io.Writer, cfg config, rows []row, store *storeCost) {
 		}
 	}
 }
+
+// writeAcrossLimits prints the default sliding window's shortfall per trace
+// (rows) at each limit (columns): defaults[i] is its row at limits[i].
+func writeAcrossLimits(w io.Writer, limits []uint64, defaults []row) {
+	fmt.Fprintf(w, "## %s: shortfall vs the exact log, per limit\n\n| trace |", defaults[0].alg.name)
+	for _, l := range limits {
+		fmt.Fprintf(w, " limit %d |", l)
+	}
+	fmt.Fprint(w, "\n| --- |")
+	for range limits {
+		fmt.Fprint(w, " ---: |")
+	}
+	fmt.Fprintln(w)
+	for i, res := range defaults[0].results {
+		if res.trace.adaptive {
+			continue
+		}
+		fmt.Fprintf(w, "| %s |", res.trace.name)
+		for _, d := range defaults {
+			fmt.Fprintf(w, " %s |", percent(d.results[i].shortfall()))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprint(w, "| **worst overshoot, every trace** |")
+	for i, d := range defaults {
+		fmt.Fprintf(w, " %d |", summarize(d, limits[i]).worstOvershoot)
+	}
+	fmt.Fprintln(w)
+}

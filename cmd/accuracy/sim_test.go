@@ -331,7 +331,7 @@ func TestDeterministic(t *testing.T) {
 	cfg := testConfig()
 	report := func(c config) string {
 		var b bytes.Buffer
-		if err := run(&b, io.Discard, c); err != nil {
+		if _, err := run(&b, io.Discard, c); err != nil {
 			t.Fatal(err)
 		}
 		return b.String()
@@ -424,7 +424,7 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	} {
 		cfg := testConfig()
 		mutate(&cfg)
-		if err := run(io.Discard, io.Discard, cfg); err == nil {
+		if _, err := run(io.Discard, io.Discard, cfg); err == nil {
 			t.Errorf("run(%+v) = nil error", cfg)
 		}
 	}
