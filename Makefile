@@ -32,7 +32,7 @@ soak:
 	SOAK_DURATION=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -timeout 10m -v ./soak/
 
 # Accuracy of every admission algorithm against an exact sliding log on a
-# virtual clock (deterministic tables; see README "Accuracy").
+# virtual clock (deterministic tables; see docs/accuracy.md).
 accuracy:
 	$(GO) run ./cmd/accuracy
 

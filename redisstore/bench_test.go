@@ -31,12 +31,12 @@ func BenchmarkDo(b *testing.B) {
 	rt := countRoundTrips(s)
 	sp := mustSpec(b, time.Second, 20)
 	mixed := []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow}
-	for _, alg := range []string{"sliding_window", "token_bucket", "fixed_window", "sliding_log", "mixed"} {
+	for _, alg := range []string{"sliding_window", "token_bucket", "fixed_window", "sliding_log", "time_buckets", "mixed"} {
 		algFor := func(d int) window.Algorithm {
 			if alg == "mixed" {
 				return mixed[d%len(mixed)]
 			}
-			for _, a := range append(mixed, window.SlidingLog) {
+			for _, a := range append(mixed, window.SlidingLog, window.TimeBuckets) {
 				if a.String() == alg {
 					return a
 				}

@@ -13,10 +13,11 @@ import (
 
 // BenchmarkCounterAllowAt is a check-and-add of the default Counter on one
 // key with the time passed in, the clock moving one microsecond per op (so
-// blocks close and expire), at limits that give blocks of 1, 11 and 21.9M
-// hits. Run with -cpu 1,2 for 1 and 2 goroutines.
+// blocks close and expire): an exact log (limit ExactLimit), blocks of one
+// hit (Blocks), of about 9.4 hits (1000) and of about 20M hits (2^31). Run
+// with -cpu 1,2 for 1 and 2 goroutines.
 func BenchmarkCounterAllowAt(b *testing.B) {
-	for _, limit := range []uint64{Blocks, 1000, 1 << 31} {
+	for _, limit := range []uint64{ExactLimit, Blocks, 1000, 1 << 31} {
 		b.Run(fmt.Sprintf("limit=%d", limit), func(b *testing.B) {
 			c := NewCounter(mustSpec(b, time.Second, 1))
 			b.ReportAllocs()
