@@ -48,7 +48,7 @@ func TestNewSpec(t *testing.T) {
 	}
 }
 
-func TestCounterAllowAndRemaining(t *testing.T) {
+func TestBucketCounterAllowAndRemaining(t *testing.T) {
 	c := NewBucketCounter(mustSpec(t, time.Second, 10))
 	for i := range uint64(5) {
 		r := c.AllowAt(50*time.Millisecond, 1, 5)
@@ -73,7 +73,7 @@ func TestCounterAllowAndRemaining(t *testing.T) {
 // A clock that steps back is treated as standing still: counts recorded at
 // the newer time are kept and still enforced (no fail-open), and new hits
 // still count.
-func TestCounterClockStepBack(t *testing.T) {
+func TestBucketCounterClockStepBack(t *testing.T) {
 	tests := []struct {
 		name    string
 		buckets int
@@ -114,7 +114,7 @@ func TestCounterClockStepBack(t *testing.T) {
 // Every round moves to a new bucket, whose slot still holds counts of an
 // epoch one ring turn older: the first writers reset it while others add.
 // No add may be lost: the total after each round is exact.
-func TestCounterConcurrentWritersDuringReset(t *testing.T) {
+func TestBucketCounterConcurrentWritersDuringReset(t *testing.T) {
 	const (
 		k       = 4
 		writers = 8
@@ -154,7 +154,7 @@ func TestCounterConcurrentWritersDuringReset(t *testing.T) {
 
 // Writers spread over time with the buckets turning under them: the sum of
 // admitted hits still in the window is exact at the end.
-func TestCounterConcurrentWritersMovingClock(t *testing.T) {
+func TestBucketCounterConcurrentWritersMovingClock(t *testing.T) {
 	const (
 		k       = 5
 		writers = 8
@@ -193,7 +193,7 @@ func TestCounterConcurrentWritersMovingClock(t *testing.T) {
 }
 
 // Many goroutines hammering one key at one instant: exactly limit admitted.
-func TestCounterAtomicAdmission(t *testing.T) {
+func TestBucketCounterAtomicAdmission(t *testing.T) {
 	tests := []struct {
 		limit uint64
 		hits  uint64
@@ -248,7 +248,7 @@ func maxInAnyWindow(times []time.Duration, w time.Duration) int {
 // A plain LeapArray admits 2x the limit inside one real window: a burst at
 // the end of the oldest bucket, another right after it expires. Ours must
 // admit at most limit in every window of length W, for every bucket count.
-func TestCounterNoBoundaryBurst(t *testing.T) {
+func TestBucketCounterNoBoundaryBurst(t *testing.T) {
 	const limit = 100
 	for _, k := range []int{1, 2, 4, 10, 20, 60} {
 		t.Run(fmt.Sprintf("%d buckets", k), func(t *testing.T) {
@@ -298,7 +298,7 @@ func TestCounterNoBoundaryBurst(t *testing.T) {
 // Refused hits are not counted: a client hammering while over the limit
 // recovers exactly when its admitted hits age out, and a raised limit helps
 // at once.
-func TestCounterOverLimitConsumesNoQuota(t *testing.T) {
+func TestBucketCounterOverLimitConsumesNoQuota(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	quiet := NewBucketCounter(spec)
 	hammered := NewBucketCounter(spec)
@@ -331,7 +331,7 @@ func TestCounterOverLimitConsumesNoQuota(t *testing.T) {
 // A refused request's Reset is an honest Retry-After: at now+Reset it
 // passes, one nanosecond earlier it does not. An allowed request's Reset is
 // when everything counted has aged out.
-func TestCounterResetHonest(t *testing.T) {
+func TestBucketCounterResetHonest(t *testing.T) {
 	type hit struct {
 		at time.Duration
 		n  uint64
@@ -392,7 +392,7 @@ func TestCounterResetHonest(t *testing.T) {
 	})
 }
 
-func TestCounterImpossibleRequest(t *testing.T) {
+func TestBucketCounterImpossibleRequest(t *testing.T) {
 	c := NewBucketCounter(mustSpec(t, time.Second, 10))
 	for _, tc := range []struct{ hits, limit uint64 }{{1, 0}, {11, 10}, {0, 0}} {
 		r := c.AllowAt(0, tc.hits, tc.limit)
@@ -405,7 +405,7 @@ func TestCounterImpossibleRequest(t *testing.T) {
 	}
 }
 
-func TestCounterUndoAndRefund(t *testing.T) {
+func TestBucketCounterUndoAndRefund(t *testing.T) {
 	c := NewBucketCounter(mustSpec(t, time.Second, 10))
 	r1 := c.AllowAt(0, 4, 10)
 	r2 := c.AllowAt(150*time.Millisecond, 3, 10)
@@ -442,7 +442,7 @@ func TestCounterUndoAndRefund(t *testing.T) {
 	}
 }
 
-func TestCounterIdleForLong(t *testing.T) {
+func TestBucketCounterIdleForLong(t *testing.T) {
 	c := NewBucketCounter(mustSpec(t, time.Second, 10))
 	c.AllowAt(0, 10, 10)
 	later := 1000 * time.Hour
@@ -458,7 +458,7 @@ func TestCounterIdleForLong(t *testing.T) {
 // clock moving half a bucket per hit, with writers on every core. A reset
 // that is not a compare-and-swap on the packed word wipes concurrent adds
 // (their hits stay in the total forever), caught by the exact count.
-func TestCounterConcurrentResetsExact(t *testing.T) {
+func TestBucketCounterConcurrentResetsExact(t *testing.T) {
 	const k = 1
 	spec := mustSpec(t, 2*time.Microsecond, k)
 	b := spec.BucketLength()
@@ -494,7 +494,7 @@ func TestCounterConcurrentResetsExact(t *testing.T) {
 
 // Epoch tags are 32 bits: a counter idle for 2^31 buckets or more (a
 // multiple of 2^32 included) must still see its old hits as stale.
-func TestCounterIdleBeyondTagRange(t *testing.T) {
+func TestBucketCounterIdleBeyondTagRange(t *testing.T) {
 	spec := mustSpec(t, 11*time.Nanosecond, 11) // 1 ns buckets: 2^32 buckets in 4.3 s
 	for _, idle := range []int64{1 << 31, 1<<31 + 5, 1 << 32, 1<<32 + 12*7, 3 << 31, 5<<32 + 1} {
 		t.Run(fmt.Sprint(idle), func(t *testing.T) {
@@ -521,7 +521,7 @@ func TestCounterIdleBeyondTagRange(t *testing.T) {
 
 // A counter first used when the epoch's low 32 bits are in their upper
 // half (a process up for a long time with short buckets) must count.
-func TestCounterFirstUseLate(t *testing.T) {
+func TestBucketCounterFirstUseLate(t *testing.T) {
 	spec := mustSpec(t, 11*time.Nanosecond, 11)
 	for _, at := range []int64{3<<30 + 5, 1<<32 - 3, 7<<31 + 1} {
 		c := NewBucketCounter(spec)

@@ -9,9 +9,10 @@ import (
 
 // Blocks is the number of closed blocks a Counter remembers. A limit of at
 // most Blocks is counted hit by hit (blocks of one hit: the exact sliding
-// log, up to tick rounding); a larger limit groups hits into Blocks blocks
-// per limit, of floor(limit/Blocks) or ceil(limit/Blocks) hits. It is what
-// fits the Counter in 256 bytes.
+// log up to tick rounding, and exactly for limits up to ExactLimit); a
+// larger limit groups hits into Blocks blocks per limit, of
+// floor(limit/Blocks) or ceil(limit/Blocks) hits. It is what fits the
+// Counter in 256 bytes.
 const Blocks = 106
 
 // ExactLimit is the largest limit a Counter keeps as an exact sliding log:
@@ -37,20 +38,20 @@ func TickLength(w time.Duration) time.Duration {
 
 // Counter is the default sliding window of one key (the SlidingWindow
 // algorithm): a count-quantised checkpoint log. Admitted hits, in arrival
-// order, are grouped into blocks of about b = limit/Blocks hits; for each
-// closed block only the time of its newest hit is kept (a FIFO ring of
-// Blocks 16-bit ticks), plus the open block's count and newest time. The
-// count of the window (now-W, now] is estimated as
+// order, are grouped into blocks of about limit/Blocks hits; for each closed
+// block only the time of its newest hit is kept (a FIFO ring of Blocks
+// 16-bit ticks), plus the open block's count and newest time. The count of
+// the window (now-W, now] is estimated as
 //
 //	the hits of the closed blocks newer than now-W + the open block's count
+//
+// and a request of h hits is admitted iff estimate + h <= limit.
 //
 // The block in ring slot p holds floor((p+1)q/Blocks) - floor(pq/Blocks)
 // hits, q being the limit (at least Blocks) when the window was last empty:
 // any Blocks consecutive blocks hold exactly q hits, the sizes differ by at
 // most one, and the hits of any run of slots have a closed form, so the
 // estimate and the retry time take constant time.
-//
-// and a request of h hits is admitted iff estimate + h <= limit.
 //
 // Why it is exact enough:
 //
@@ -61,26 +62,26 @@ func TickLength(w time.Duration) time.Duration {
 //   - It overcounts by less than one block (plus the hits of one tick): the
 //     blocks are FIFO, so only the oldest live block can be partly expired,
 //     and it still holds its newest hit. So a request is refused only when
-//     the real window holds more than limit-h-b hits: the capacity given up
-//     is under ceil(limit/Blocks) hits, about 1/Blocks of the limit,
-//     whatever the traffic shape (bursts, cron jobs, Poisson, adversaries),
-//     and none for a limit of at most Blocks.
+//     the real window holds more than limit-h-b hits (b = ceil(limit/Blocks)):
+//     the capacity given up is under b hits, about 1/Blocks of the limit,
+//     whatever the traffic shape (bursts, cron jobs, Poisson, adversaries).
 //
-// Timestamps are ticks of TickLength(W), kept modulo 2^16 next to the
-// full newest time seen; they are rounded up, which keeps the estimate
-// conservative. A limit of at most ExactLimit keeps exact times instead:
-// the Counter is then the exact sliding log. A weighted request (hits > 1) may close several blocks at
-// its own time. A limit that grows beyond Blocks × b while hits are counted
-// keeps adding to the open block (still exact in count, coarser in time);
-// the block sizes follow the limit again once the window is empty. Refunds
-// take from the open block, then reopen the newest closed blocks.
+// Times are ticks of TickLength(W), kept modulo 2^16 next to the full
+// newest time seen; they are rounded up, which keeps the estimate
+// conservative. A limit of at most ExactLimit keeps full times instead (8
+// bytes each, in the same ring): the Counter is then the exact sliding log.
+// A weighted request (hits > 1) may close several blocks at its own time. A
+// limit raised beyond what the blocks were sized for while hits are counted
+// keeps adding to the open block (exact in count, coarser in time); the
+// block sizes follow the limit again once the window is empty. Refunds take
+// from the open block, then reopen the newest closed blocks.
 //
-// A Counter is safe for concurrent use (a small per-key mutex, held for a
-// few tens of nanoseconds) and does not allocate; it is 256 bytes. Every method takes the
-// current time explicitly, as a Duration since the origin of a monotonic
-// Clock; a time earlier than one already seen is treated as that newer time
-// (a clock that steps back stands still), and a key idle for a window or
-// longer starts afresh, however long it sat.
+// A Counter is 256 bytes, safe for concurrent use (a small per-key mutex,
+// held for a few tens of nanoseconds) and does not allocate. Every method
+// takes the current time explicitly, as a Duration since the origin of a
+// monotonic Clock; a time earlier than one already seen is treated as that
+// newer time (a clock that steps back stands still), and a key idle for a
+// window or longer starts afresh, however long it sat.
 type Counter struct {
 	mu     sync.Mutex
 	window int64        // W, ns

@@ -134,7 +134,7 @@ func checkAgainstModel(t *testing.T, k int, ops []byte) {
 	}
 }
 
-func TestCounterMatchesModel(t *testing.T) {
+func TestBucketCounterMatchesModel(t *testing.T) {
 	for _, k := range []int{1, 2, 3, 10, 20} {
 		rng := rand.New(rand.NewPCG(uint64(k), 99))
 		for range 50 {

@@ -156,25 +156,11 @@ func writeReport(w io.Writer, cfg config, rows []row, store *storeCost) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "### Shortfall per trace")
 	fmt.Fprintln(w)
-	fmt.Fprint(w, "| trace |")
-	for _, r := range rows {
-		fmt.Fprintf(w, " %s |", r.alg.name)
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		names[i] = r.alg.name
 	}
-	fmt.Fprint(w, "\n| --- |")
-	for range rows {
-		fmt.Fprint(w, " --- |")
-	}
-	fmt.Fprintln(w)
-	for i, res := range rows[0].results {
-		if res.trace.adaptive {
-			continue
-		}
-		fmt.Fprintf(w, "| %s |", res.trace.name)
-		for _, r := range rows {
-			fmt.Fprintf(w, " %s |", percent(r.results[i].shortfall()))
-		}
-		fmt.Fprintln(w)
-	}
+	writeShortfalls(w, names, rows)
 
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "### Per trace")
@@ -201,28 +187,40 @@ func writeReport(w io.Writer, cfg config, rows []row, store *storeCost) {
 // writeAcrossLimits prints the default sliding window's shortfall per trace
 // (rows) at each limit (columns): defaults[i] is its row at limits[i].
 func writeAcrossLimits(w io.Writer, limits []uint64, defaults []row) {
-	fmt.Fprintf(w, "## %s: shortfall vs the exact log, per limit\n\n| trace |", defaults[0].alg.name)
-	for _, l := range limits {
-		fmt.Fprintf(w, " limit %d |", l)
+	fmt.Fprintf(w, "## %s: shortfall vs the exact log, per limit\n\n", defaults[0].alg.name)
+	names := make([]string, len(limits))
+	for i, l := range limits {
+		names[i] = fmt.Sprintf("limit %d", l)
 	}
-	fmt.Fprint(w, "\n| --- |")
-	for range limits {
-		fmt.Fprint(w, " ---: |")
-	}
-	fmt.Fprintln(w)
-	for i, res := range defaults[0].results {
-		if res.trace.adaptive {
-			continue
-		}
-		fmt.Fprintf(w, "| %s |", res.trace.name)
-		for _, d := range defaults {
-			fmt.Fprintf(w, " %s |", percent(d.results[i].shortfall()))
-		}
-		fmt.Fprintln(w)
-	}
+	writeShortfalls(w, names, defaults)
 	fmt.Fprint(w, "| **worst overshoot, every trace** |")
 	for i, d := range defaults {
 		fmt.Fprintf(w, " %d |", summarize(d, limits[i]).worstOvershoot)
 	}
 	fmt.Fprintln(w)
+}
+
+// writeShortfalls prints a markdown table of shortfalls: a line per
+// open-loop trace, a column per row (headed by names[i]); the rows share
+// their traces.
+func writeShortfalls(w io.Writer, names []string, rows []row) {
+	fmt.Fprint(w, "| trace |")
+	for _, n := range names {
+		fmt.Fprintf(w, " %s |", n)
+	}
+	fmt.Fprint(w, "\n| --- |")
+	for range names {
+		fmt.Fprint(w, " ---: |")
+	}
+	fmt.Fprintln(w)
+	for i, res := range rows[0].results {
+		if res.trace.adaptive {
+			continue
+		}
+		fmt.Fprintf(w, "| %s |", res.trace.name)
+		for _, r := range rows {
+			fmt.Fprintf(w, " %s |", percent(r.results[i].shortfall()))
+		}
+		fmt.Fprintln(w)
+	}
 }
