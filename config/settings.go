@@ -113,9 +113,10 @@ type Settings struct {
 	// NearLimitRatio is the fraction of a limit above which hits are
 	// counted as near_limit in the metrics.
 	NearLimitRatio float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
-	// WindowBuckets is the number of buckets per window for rules that do
-	// not choose one. It must divide one second (in nanoseconds) exactly, so
-	// that every unit's window splits evenly.
+	// WindowBuckets is the number of buckets per window of time_buckets
+	// rules that do not choose one (the default sliding_window has no
+	// buckets). It must divide one second (in nanoseconds) exactly, so that
+	// every unit's window splits evenly.
 	WindowBuckets int `envconfig:"WINDOW_BUCKETS" default:"20"`
 	// Answers.
 
