@@ -2,28 +2,43 @@ package descriptors
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestReadmeExamples parses every YAML example of README-section.md: a
-// complete file as it is, a fragment (a descriptor list item) under a domain.
-func TestReadmeExamples(t *testing.T) {
-	doc, err := os.ReadFile("README-section.md")
+// TestDocExamples parses every rule example of the documentation: each YAML
+// block of docs/rules.md (a complete file as it is, a fragment, a
+// descriptor list item, under a domain), and each YAML block that starts
+// with "domain:" in README.md and the other docs/*.md files.
+func TestDocExamples(t *testing.T) {
+	docs, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocks := strings.Split(string(doc), "```yaml\n")[1:]
-	if len(blocks) < 3 {
-		t.Fatalf("found %d YAML examples, want at least 3", len(blocks))
+	parsed := 0
+	for _, path := range append(docs, "../README.md") {
+		doc, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allRules := filepath.Base(path) == "rules.md"
+		for i, b := range strings.Split(string(doc), "```yaml\n")[1:] {
+			text, _, _ := strings.Cut(b, "```")
+			switch {
+			case strings.HasPrefix(text, "domain:"):
+			case allRules:
+				text = "domain: example\ndescriptors:\n" + text
+			default:
+				continue // an Envoy or Kubernetes example, checked in package examples
+			}
+			if _, err := Parse([]File{{Name: "example.yaml", Data: []byte(text)}}); err != nil {
+				t.Errorf("%s, YAML example %d: %v\n%s", path, i+1, err, text)
+			}
+			parsed++
+		}
 	}
-	for i, b := range blocks {
-		text, _, _ := strings.Cut(b, "```")
-		if !strings.HasPrefix(text, "domain:") {
-			text = "domain: example\ndescriptors:\n" + text
-		}
-		if _, err := Parse([]File{{Name: "example.yaml", Data: []byte(text)}}); err != nil {
-			t.Errorf("example %d: %v\n%s", i+1, err, text)
-		}
+	if parsed < 4 {
+		t.Fatalf("parsed %d rule examples in the docs, want at least 4", parsed)
 	}
 }

@@ -12,7 +12,7 @@ import (
 // compose service, and every path sent through Envoy hits the route the
 // text is about.
 func TestReadmeWalkthrough(t *testing.T) {
-	text := string(readFile(t, "README-section.md"))
+	text := string(readFile(t, "../docs/demo.md"))
 	p := loadCompose(t)
 	var publishedPorts []string
 	for _, s := range p.Services {
