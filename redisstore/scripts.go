@@ -1,0 +1,337 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+//go:embed common.lua
+var commonLua string
+
+//go:embed allow.lua
+var allowLua string
+
+//go:embed undo.lua
+var undoLua string
+
+//go:embed checkpoint.lua
+var checkpointLua string
+
+// The scripts share common.lua's helpers and checkpoint.lua's counter,
+// prepended to each with the Counter's block count and exact-log limit.
+var (
+	prelude     = fmt.Sprintf("local BLOCKS, EXACT = %d, %d\n", window.Blocks, window.ExactLimit) + commonLua + checkpointLua
+	allowScript = redis.NewScript(prelude + allowLua)
+	undoScript  = redis.NewScript(prelude + undoLua)
+)
+
+// maxLimit is the largest limit enforced, as in window.Counter (Envoy's
+// requests_per_unit is a uint32); larger limits are clamped to it.
+const maxLimit = math.MaxUint32
+
+// checkSpec rejects the zero Spec and bucket lengths the script cannot
+// represent (it works in whole microseconds).
+func checkSpec(sp window.Spec) error {
+	if sp.Buckets() < 1 || sp.Length() <= 0 {
+		return errors.New("invalid Spec (build it with window.NewSpec)")
+	}
+	if sp.BucketLength()%time.Microsecond != 0 {
+		return fmt.Errorf("bucket length %v is not a whole number of microseconds (needed by the Redis backend)", sp.BucketLength())
+	}
+	return nil
+}
+
+// redisKey returns the Redis key of a sliding-window counter: its hash tag
+// is the whole Request.Key, so the slot depends on the key alone.
+func (s *Store) redisKey(key string) string {
+	return s.prefix + "{" + key + "}"
+}
+
+// counterKey returns the Redis key of req's counter: redisKey, with a
+// suffix naming the algorithm for the sliding window (":sw"), the token
+// bucket (":tb"), the fixed window (":fw") and the sliding log (":log"), so
+// that a key never meets a layout it was not written with (time buckets
+// keep the bare key, which earlier versions used for their sliding
+// window's hash). The hash tag, hence the slot, is the
+// same for every algorithm.
+func (s *Store) counterKey(req *window.Request) string {
+	switch req.Algorithm {
+	case window.SlidingWindow:
+		return s.redisKey(req.Key) + ":sw"
+	case window.TokenBucket:
+		return s.redisKey(req.Key) + ":tb"
+	case window.FixedWindow:
+		return s.redisKey(req.Key) + ":fw"
+	case window.SlidingLog:
+		return s.redisKey(req.Key) + ":log"
+	}
+	return s.redisKey(req.Key)
+}
+
+// timeBucket converts the Result.Bucket of a sliding window or a sliding
+// log (a time in ns, as in window.Counter and window.LogCounter) to and from
+// the script's microseconds.
+const timeBucket = int64(time.Microsecond)
+
+// bucketIsTime reports whether a's Result.Bucket is a time (see timeBucket).
+func bucketIsTime(a window.Algorithm) bool {
+	return a == window.SlidingWindow || a == window.SlidingLog
+}
+
+// flag renders a bool as a script argument.
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+// nowArg is the script's time argument: "" (Redis's TIME) unless a test
+// injected a time.
+func (s *Store) nowArg() string {
+	if s.nowMicros != nil {
+		return strconv.FormatInt(s.nowMicros(), 10)
+	}
+	return ""
+}
+
+// group is the requests of one script call (one hash slot on Cluster).
+type group struct {
+	slot uint16
+	idx  []int // indexes into reqs
+}
+
+// groups splits idx by hash slot on Cluster; elsewhere it is one group.
+func (s *Store) groups(keys []string, idx []int) []group {
+	if !s.cluster {
+		return []group{{idx: idx}}
+	}
+	var gs []group
+next:
+	for _, i := range idx {
+		slot := keySlot(keys[i])
+		for g := range gs {
+			if gs[g].slot == slot {
+				gs[g].idx = append(gs[g].idx, i)
+				continue next
+			}
+		}
+		gs = append(gs, group{slot: slot, idx: []int{i}})
+	}
+	return gs
+}
+
+// allow runs the admission script for reqs[send], writing results, in one
+// round trip. The one exception is a Cluster batch spanning several slots
+// with both a Veto request and a refund: refunds must not apply if a Veto
+// in another slot refuses, so they are checked in the first round trip and
+// applied in a second one only if nothing was vetoed.
+func (s *Store) allow(ctx context.Context, reqs []window.Request, results []window.Result, send []int, dry bool) error {
+	keys := make([]string, len(reqs))
+	for _, i := range send {
+		keys[i] = s.counterKey(&reqs[i])
+	}
+	gs := s.groups(keys, send)
+	var refunds []int
+	if len(gs) > 1 && !dry {
+		veto := false
+		for _, i := range send {
+			veto = veto || reqs[i].Veto && !reqs[i].Negative
+			if reqs[i].Negative {
+				refunds = append(refunds, i)
+			}
+		}
+		if !veto {
+			refunds = nil
+		}
+	}
+	first := reqs
+	if len(refunds) > 0 {
+		// Phase one: every refund is a check.
+		first = make([]window.Request, len(reqs))
+		copy(first, reqs)
+		for _, i := range refunds {
+			first[i].Negative, first[i].Hits, first[i].Veto = false, 0, false
+		}
+	}
+	vetoed, err := s.runAllow(ctx, first, results, keys, gs, dry)
+	if err != nil {
+		return err
+	}
+	if vetoed && len(gs) > 1 {
+		return s.takeBack(ctx, reqs, results, send)
+	}
+	if len(refunds) > 0 {
+		_, err = s.runAllow(ctx, reqs, results, keys, s.groups(keys, refunds), false)
+	}
+	return err
+}
+
+// runAllow sends one allow script call per group (one pipeline), writes
+// the results and reports whether a Veto request was refused.
+func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []window.Result, keys []string, gs []group, dry bool) (bool, error) {
+	now := s.nowArg()
+	calls := make([]call, len(gs))
+	for g, gr := range gs {
+		c := &calls[g]
+		c.keys = make([]string, len(gr.idx))
+		c.args = make([]any, 2, 2+7*len(gr.idx))
+		c.args[0], c.args[1] = flag(dry), now
+		for j, i := range gr.idx {
+			r := &reqs[i]
+			c.keys[j] = keys[i]
+			c.args = append(c.args,
+				int64(r.Spec.BucketLength()/time.Microsecond),
+				r.Spec.Buckets(),
+				min(r.Limit, maxLimit),
+				min(r.Hits, maxLimit+1), // beyond the limit either way
+				flag(r.Veto),
+				int(r.Algorithm),
+				flag(r.Negative))
+		}
+	}
+	if err := s.run(ctx, "do", allowScript, calls); err != nil {
+		return false, err
+	}
+
+	vetoed := false
+	for g, gr := range gs {
+		vals, err := calls[g].cmd.Int64Slice()
+		if err != nil || len(vals) != 5*len(gr.idx) {
+			return false, fmt.Errorf("unexpected script reply %v: %w", calls[g].cmd.Val(), err)
+		}
+		for j, i := range gr.idx {
+			v := vals[5*j : 5*j+5]
+			results[i] = window.Result{
+				Allowed:   v[0] == 1,
+				Recorded:  v[1] == 1,
+				Remaining: uint64(v[2]),
+				Reset:     time.Duration(v[3]), // ns
+				Bucket:    v[4],
+			}
+			if bucketIsTime(reqs[i].Algorithm) {
+				results[i].Bucket *= timeBucket
+			}
+			if reqs[i].Veto && !reqs[i].Negative && !results[i].Allowed {
+				vetoed = true
+			}
+		}
+	}
+	return vetoed, nil
+}
+
+// takeBack undoes the hits that slots other than a refusing Veto's recorded
+// (Cluster only: a script cannot span slots).
+func (s *Store) takeBack(ctx context.Context, reqs []window.Request, results []window.Result, send []int) error {
+	var undo []int
+	for _, i := range send {
+		if results[i].Recorded {
+			undo = append(undo, i)
+		}
+	}
+	if len(undo) == 0 {
+		return nil
+	}
+	if err := s.undo(ctx, reqs, results, undo); err != nil {
+		return fmt.Errorf("taking back hits of a vetoed batch: %w", err)
+	}
+	for _, i := range undo {
+		r := &results[i]
+		r.Recorded = false
+		r.Remaining = min(r.Remaining+reqs[i].Hits, min(reqs[i].Limit, maxLimit))
+	}
+	return nil
+}
+
+// undo runs the undo script for reqs[idx].
+func (s *Store) undo(ctx context.Context, reqs []window.Request, results []window.Result, idx []int) error {
+	keys := make([]string, len(reqs))
+	for _, i := range idx {
+		keys[i] = s.counterKey(&reqs[i])
+	}
+	gs := s.groups(keys, idx)
+	now := s.nowArg()
+	calls := make([]call, len(gs))
+	for g, gr := range gs {
+		c := &calls[g]
+		c.keys = make([]string, len(gr.idx))
+		c.args = make([]any, 1, 1+6*len(gr.idx))
+		c.args[0] = now
+		for j, i := range gr.idx {
+			r := &reqs[i]
+			c.keys[j] = keys[i]
+			bucket := results[i].Bucket
+			if bucketIsTime(r.Algorithm) {
+				bucket /= timeBucket
+			}
+			c.args = append(c.args, int(r.Algorithm), bucket, min(r.Hits, maxLimit),
+				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
+		}
+	}
+	return s.run(ctx, "undo", undoScript, calls)
+}
+
+// call is one script invocation.
+type call struct {
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// run sends calls in one round trip: one EVALSHA, or a pipeline of them.
+// Scripts missing from Redis's cache (NOSCRIPT: restarted or SCRIPT FLUSH)
+// are sent again with EVAL; no script ran in that case, so this is safe.
+func (s *Store) run(ctx context.Context, op string, script *redis.Script, calls []call) error {
+	start := time.Now()
+	err := s.send(ctx, script, calls)
+	s.metrics.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.errors.WithLabelValues(op).Inc()
+	}
+	return err
+}
+
+func (s *Store) send(ctx context.Context, script *redis.Script, calls []call) error {
+	if len(calls) == 1 {
+		c := &calls[0]
+		c.cmd = script.Run(ctx, s.client, c.keys, c.args...)
+		return c.cmd.Err()
+	}
+	pipe := s.client.Pipeline()
+	for i := range calls {
+		calls[i].cmd = script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var retry []int
+	for i := range calls {
+		if err := calls[i].cmd.Err(); err != nil {
+			if !redis.HasErrorPrefix(err, "NOSCRIPT") {
+				return err
+			}
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return nil
+	}
+	pipe = s.client.Pipeline()
+	for _, i := range retry {
+		calls[i].cmd = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, i := range retry {
+		if err := calls[i].cmd.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package service
+
+import (
+	"context"
+	"math"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// consultBreakers asks the breakers of matched rules; it reports whether an
+// enforcing breaker refused the request.
+func (s *Service) consultBreakers(sc *scratch) bool {
+	if s.breakers == nil {
+		return false
+	}
+	refused := false
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		if p.info == nil || p.info.rule.Breaker == nil || p.refund {
+			continue
+		}
+		ok, retry := s.breakers.Allow(p.info.rule, p.entries)
+		if ok {
+			continue
+		}
+		p.breakerOff = true
+		p.retryAfter = max(retry, 0)
+		if !p.shadow {
+			refused = true
+		}
+	}
+	return refused
+}
+
+// decide picks each descriptor's reported result and computes the overall
+// rate-limit outcome before breakers and global shadow mode.
+func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reason string) {
+	quotaTotal, quotaOver := 0, 0
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		for j := p.first; j < p.first+p.n; j++ {
+			r := &results[j]
+			if !r.Allowed && !p.refund {
+				p.over = true
+			}
+			if p.best < 0 || moreConstraining(r, &results[p.best]) {
+				p.best = j
+			}
+		}
+		switch {
+		case p.shadow:
+		case p.quota:
+			quotaTotal++
+			if p.over {
+				quotaOver++
+			}
+		case p.over:
+			over = true
+		}
+	}
+	if quotaTotal > 0 && quotaOver == quotaTotal {
+		over = true
+	}
+	if over {
+		return true, ReasonRateLimited
+	}
+	return false, ""
+}
+
+// moreConstraining reports whether a should be reported rather than b: a
+// refusal over an admission (the longest wait among refusals), else the
+// least remaining.
+func moreConstraining(a, b *window.Result) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	if !a.Allowed {
+		return a.Reset > b.Reset
+	}
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.Reset > b.Reset
+}
+
+// undo takes back hits that an over answer must not consume: those of
+// non-vetoing descriptors (shadow, quota) with some limit over, and, when the
+// request is refused overall without a veto having prevented recording (all
+// quota descriptors over, or a circuit breaker open), every recorded hit.
+func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result, over bool) error {
+	all := over && !s.shadow
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		if !all && !(p.over && !p.veto) {
+			continue
+		}
+		for j := p.first; j < p.first+p.n; j++ {
+			r := &results[j]
+			if !r.Recorded {
+				continue
+			}
+			sc.undoReq = append(sc.undoReq, sc.reqs[j])
+			sc.undoRes = append(sc.undoRes, *r)
+			// Report the quota as if the hits had not been recorded. The
+			// reset stays an upper bound (the undone hits were the newest),
+			// except that a window left empty has nothing to age out.
+			r.Recorded = false
+			r.Remaining = min(r.Remaining+sc.reqs[j].Hits, sc.reqs[j].Limit)
+			if r.Remaining == sc.reqs[j].Limit {
+				r.Reset = 0
+			}
+		}
+	}
+	if len(sc.undoReq) == 0 {
+		return nil
+	}
+	return s.limiter.Undo(ctx, sc.undoReq, sc.undoRes)
+}
+
+// count updates the per-rule metrics.
+func (s *Service) count(sc *scratch, st *ruleState, domain string, results []window.Result) {
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		var c *ruleCounters
+		switch {
+		case p.info != nil:
+			if p.info.counters != nil {
+				c = p.info.counters
+			} else {
+				c = p.info.detailed.get(p.info.rule.MetricKey(p.entries))
+			}
+		case p.kind == kindOverride:
+			if c = st.overrides[domain]; c == nil {
+				c = s.metrics.overrideCounters(domain)
+			}
+		}
+		if c == nil || p.refund {
+			continue // refunds are not hits
+		}
+		hits := float64(p.hits)
+		c.total.Add(hits)
+		if p.breakerOff {
+			c.circuit.Add(hits)
+		}
+		if p.best < 0 {
+			if !p.breakerOff {
+				c.within.Add(hits)
+			}
+			continue
+		}
+		r := &results[p.best]
+		limit := sc.reqs[p.best].Limit
+		switch {
+		case p.over:
+			c.over.Add(hits)
+			if p.shadow {
+				c.shadow.Add(hits)
+			}
+		default:
+			if !p.breakerOff {
+				c.within.Add(hits)
+			}
+			used := limit - min(r.Remaining, limit)
+			if !r.Recorded {
+				used += p.hits
+			}
+			if threshold := uint64(math.Floor(float64(limit) * s.nearRatio)); used > threshold {
+				c.near.Add(float64(min(p.hits, used-threshold)))
+			}
+		}
+	}
+}
+
+// statusBlock allocates a descriptor status with its parts in one piece.
+type statusBlock struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+	mult   wrapperspb.UInt32Value
+}
+
+// singleResponse allocates a one-descriptor response in one piece.
+type singleResponse struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	block    [1]statusBlock
+}
+
+// respond builds the descriptor statuses.
+func (s *Service) respond(sc *scratch, results []window.Result) *rlsv3.RateLimitResponse {
+	n := len(sc.plans)
+	var resp *rlsv3.RateLimitResponse
+	var blocks []statusBlock
+	if n == 1 {
+		// The common case in one allocation.
+		one := new(singleResponse)
+		resp, blocks = &one.resp, one.block[:]
+		resp.Statuses = one.statuses[:]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+		blocks = make([]statusBlock, n)
+	}
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		b := &blocks[i]
+		st := &b.status
+		resp.Statuses[i] = st
+		st.Code = rlsv3.RateLimitResponse_OK
+		switch p.kind {
+		case kindUnlimited:
+			st.LimitRemaining = UnlimitedRemaining
+		case kindLimited, kindOverride:
+			li := &p.override
+			if p.kind == kindLimited {
+				li = &p.info.limits[p.best-p.first]
+			}
+			r := &results[p.best]
+			b.limit.Name = li.name
+			b.limit.RequestsPerUnit = uint32(min(li.limit, math.MaxUint32))
+			b.limit.Unit = li.unit
+			if li.mult > 1 {
+				b.mult.Value = li.mult
+				b.limit.UnitMultiplier = &b.mult
+			}
+			st.CurrentLimit = &b.limit
+			st.LimitRemaining = uint32(min(r.Remaining, math.MaxUint32))
+			setDuration(&b.reset, r.Reset)
+			st.DurationUntilReset = &b.reset
+			if p.over && !p.shadow {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		}
+		if p.breakerOff && !p.shadow {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			reset := p.retryAfter
+			if p.over && p.best >= 0 {
+				reset = max(reset, results[p.best].Reset)
+			}
+			setDuration(&b.reset, reset)
+			st.DurationUntilReset = &b.reset
+		}
+	}
+	return resp
+}
+
+func setDuration(d *durationpb.Duration, v time.Duration) {
+	d.Seconds = int64(v / time.Second)
+	d.Nanos = int32(v % time.Second)
+}

@@ -1,0 +1,274 @@
+package service
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/window"
+)
+
+// descKind is how one descriptor of a request is answered.
+type descKind uint8
+
+const (
+	kindNone      descKind = iota // no limit to check: no rule, a replaced rule, or only a breaker
+	kindUnlimited                 // unlimited rule
+	kindLimited                   // rule limits, checked by the limiter
+	kindOverride                  // the descriptor's own limit
+)
+
+// plan is the evaluation of one request descriptor.
+type plan struct {
+	kind    descKind
+	info    *ruleInfo // matched rule (nil when none)
+	entries []descriptors.Entry
+	hits    uint64
+	refund  bool // is_negative_hits: hits are taken back, never refused
+	first   int  // index of its first window.Request
+	n       int  // number of window.Requests
+	veto    bool
+
+	shadow bool // the rule's shadow_mode applies
+	quota  bool // the rule's quota_mode applies
+
+	override   limitInfo // for kindOverride
+	breakerOff bool      // the rule's breaker refused the request
+	retryAfter time.Duration
+
+	// Outcome.
+	best int  // index of the reported window.Result, -1 if none
+	over bool // some limit refused
+}
+
+// plan matches every descriptor to a rule and decides how it is answered,
+// applying replaces.
+func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) error {
+	descs := req.GetDescriptors()
+	defaultHits := uint64(req.GetHitsAddend())
+	if defaultHits == 0 {
+		defaultHits = 1
+	}
+	// Convert all entries into one pooled buffer first; slices into it are
+	// taken afterwards because append may move it.
+	n := 0
+	for _, d := range descs {
+		n += len(d.GetEntries())
+	}
+	sc.entries = grow(sc.entries, n)
+	for _, d := range descs {
+		for _, e := range d.GetEntries() {
+			sc.entries = append(sc.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+	}
+	sc.plans = growPlans(sc.plans, len(descs))
+	off := 0
+	domain := req.GetDomain()
+	for _, d := range descs {
+		ne := len(d.GetEntries())
+		p := plan{entries: sc.entries[off : off+ne : off+ne], hits: defaultHits, best: -1}
+		off += ne
+		if h := d.GetHitsAddend(); h != nil {
+			p.hits = h.GetValue()
+		}
+		p.refund = d.GetIsNegativeHits()
+		if r := st.set.Match(domain, p.entries); r != nil {
+			p.info = st.info(s, r)
+			if p.info.err != nil {
+				s.metrics.error(errTypeConfig)
+				return status.Errorf(codes.Internal, "rate limit rule %s cannot be served: %v", r.ID, p.info.err)
+			}
+			p.shadow = r.ShadowMode
+			switch {
+			case r.Unlimited:
+				p.kind = kindUnlimited
+			case len(p.info.limits) > 0:
+				p.kind = kindLimited
+				p.quota = r.QuotaMode
+			}
+		}
+		if l := d.GetLimit(); l != nil {
+			li, err := s.overrideLimit(l)
+			if err != nil {
+				s.metrics.error(errTypeInvalid)
+				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override: %v", len(sc.plans), err)
+			}
+			p.kind = kindOverride
+			p.override = li
+			p.shadow, p.quota = false, false
+		}
+		sc.plans = append(sc.plans, p)
+	}
+	applyReplaces(sc.plans)
+	return nil
+}
+
+// overrideLimit turns a descriptor's own limit into a limitInfo.
+func (s *Service) overrideLimit(l *rlcommonv3.RateLimitDescriptor_RateLimitOverride) (limitInfo, error) {
+	mult := uint32(1)
+	if m := l.GetUnitMultiplier(); m != nil {
+		mult = m.GetValue()
+	}
+	lim := descriptors.Limit{
+		RequestsPerUnit: l.GetRequestsPerUnit(),
+		Unit:            descriptors.Unit(l.GetUnit()),
+		UnitMultiplier:  mult,
+	}
+	if u := lim.Unit.Duration(); u <= 0 || time.Duration(mult) > math.MaxInt64/u {
+		return limitInfo{}, fmt.Errorf("window of %d × %v is too long", mult, l.GetUnit())
+	}
+	spec, err := window.NewSpec(lim.Window(), s.buckets)
+	if err != nil {
+		return limitInfo{}, err
+	}
+	return limitInfo{
+		spec:  spec,
+		limit: uint64(lim.RequestsPerUnit),
+		unit:  rlsv3.RateLimitResponse_RateLimit_Unit(lim.Unit),
+		mult:  mult,
+	}, nil
+}
+
+// applyReplaces drops every matched rule one of whose limits is named in the
+// replaces list of another matched rule of the request. Descriptors with their
+// own limit override neither replace nor are replaced.
+func applyReplaces(plans []plan) {
+	replacing := false
+	for i := range plans {
+		if ruleApplies(&plans[i]) && len(plans[i].info.rule.Replaces) > 0 {
+			replacing = true
+			break
+		}
+	}
+	if !replacing {
+		return
+	}
+	dropped := make([]bool, len(plans))
+	for i := range plans {
+		p := &plans[i]
+		if !ruleApplies(p) {
+			continue
+		}
+		for j := range plans {
+			q := &plans[j]
+			if !ruleApplies(q) || q.info.rule == p.info.rule || len(q.info.rule.Replaces) == 0 {
+				continue
+			}
+			if replaces(q.info, p.info) {
+				dropped[i] = true
+				break
+			}
+		}
+	}
+	for i, d := range dropped {
+		if d {
+			plans[i] = plan{entries: plans[i].entries, hits: plans[i].hits, best: -1}
+		}
+	}
+}
+
+// ruleApplies reports whether a descriptor is answered by its matched rule.
+func ruleApplies(p *plan) bool { return p.info != nil && p.kind != kindOverride }
+
+// replaces reports whether rule a replaces a (named) limit of rule b.
+func replaces(a, b *ruleInfo) bool {
+	for _, name := range a.rule.Replaces {
+		for _, n := range b.names {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// buildRequests appends one window.Request per limit of every limited
+// descriptor.
+func (s *Service) buildRequests(sc *scratch, domain string) {
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		p.first = len(sc.reqs)
+		hits := p.hits
+		// Global shadow mode lets the request through whatever happens, so
+		// no descriptor vetoes the others' hits.
+		p.veto = !p.shadow && !p.quota && !s.shadow && !p.refund
+		switch p.kind {
+		case kindLimited:
+			for j := range p.info.limits {
+				li := &p.info.limits[j]
+				key := li.key
+				if !p.info.constKey {
+					sc.keyBuf = p.info.rule.AppendKey(sc.keyBuf[:0], p.entries)
+					sc.keyBuf = append(sc.keyBuf, li.suffix...)
+					key = string(sc.keyBuf)
+				}
+				sc.reqs = append(sc.reqs, window.Request{
+					Key: key, Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto, Algorithm: li.alg, Negative: p.refund,
+				})
+			}
+		case kindOverride:
+			sc.keyBuf = appendOverrideKey(sc.keyBuf[:0], domain, p.entries, p.override.spec)
+			sc.reqs = append(sc.reqs, window.Request{
+				Key: string(sc.keyBuf), Spec: p.override.spec, Limit: p.override.limit, Hits: hits, Veto: p.veto, Negative: p.refund,
+			})
+		}
+		p.n = len(sc.reqs) - p.first
+	}
+}
+
+// appendOverrideKey appends the counter key of a descriptor limited by its
+// own override: domain and entries, length-prefixed so that no two distinct
+// descriptors share a key, and the window layout.
+func appendOverrideKey(dst []byte, domain string, entries []descriptors.Entry, spec window.Spec) []byte {
+	dst = append(dst, "\x00override\x00"...)
+	dst = appendString(dst, domain)
+	for _, e := range entries {
+		dst = appendString(dst, e.Key)
+		dst = appendString(dst, e.Value)
+	}
+	dst = append(dst, 'w')
+	dst = appendUint(dst, uint64(spec.Length()))
+	dst = append(dst, '/')
+	return appendUint(dst, uint64(spec.Buckets()))
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = appendUint(dst, uint64(len(s)))
+	dst = append(dst, ':')
+	return append(dst, s...)
+}
+
+func appendUint(dst []byte, v uint64) []byte {
+	var b [20]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			break
+		}
+	}
+	return append(dst, b[i:]...)
+}
+
+func grow(s []descriptors.Entry, n int) []descriptors.Entry {
+	if cap(s) < n {
+		return make([]descriptors.Entry, 0, n)
+	}
+	return s[:0]
+}
+
+func growPlans(s []plan, n int) []plan {
+	if cap(s) < n {
+		return make([]plan, 0, n)
+	}
+	return s[:0]
+}
