@@ -59,9 +59,9 @@ echo "== go test (no race) window bounded memory, 1M keys" >&2
 FUZZ_TARGETS=(
 	"./descriptors FuzzParse"
 	"./descriptors FuzzMatch"
-	"./service FuzzExtProc"
-	"./service FuzzAccessLog"
-	"./service FuzzReport"
+	"./observe FuzzExtProc"
+	"./observe FuzzAccessLog"
+	"./observe FuzzReport"
 	"./service FuzzShouldRateLimit"
 	"./server FuzzJSON"
 	"./window FuzzBucketCounterMatchesModel"

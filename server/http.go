@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/leapgate/leapgate/service"
+	"github.com/leapgate/leapgate/observe"
 )
 
 // httpHandler serves the HTTP listener: /healthcheck, /json, /report
@@ -22,7 +22,7 @@ func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.Handle("/json", s.recoverHTTP("/json", http.HandlerFunc(s.handleJSON)))
-	mux.Handle("/report", s.recoverHTTP("/report", service.NewReport(s.breakers)))
+	mux.Handle("/report", s.recoverHTTP("/report", observe.NewReport(s.breakers)))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		Registry:          s.registry,
 		ErrorLog:          slogPrinter{s},

@@ -29,6 +29,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/observe"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
@@ -203,8 +204,8 @@ func (s *Server) buildGRPC() error {
 	}
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
-	extprocv3.RegisterExternalProcessorServer(s.grpc, service.NewExtProc(s.breakers, s.clock, s.logger, service.ExtProcOptions{}))
-	accesslogv3.RegisterAccessLogServiceServer(s.grpc, service.NewAccessLog(s.breakers, s.logger))
+	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(s.breakers, s.clock, s.logger, observe.ExtProcOptions{}))
+	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(s.breakers, s.logger))
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)
 	return nil

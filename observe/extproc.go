@@ -1,4 +1,4 @@
-package service
+package observe
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -344,7 +345,7 @@ func circuitOpenResponse(wait time.Duration) *extprocv3.ProcessingResponse {
 		Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 			{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(strconv.FormatInt(seconds, 10))}},
-			{Header: &corev3.HeaderValue{Key: ReasonHeader, RawValue: []byte(ReasonCircuitOpen)}},
+			{Header: &corev3.HeaderValue{Key: service.ReasonHeader, RawValue: []byte(service.ReasonCircuitOpen)}},
 		}},
 		Body:    []byte("circuit breaker open\n"),
 		Details: CircuitOpenDetails,

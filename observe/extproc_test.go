@@ -1,4 +1,4 @@
-package service
+package observe
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -65,7 +66,7 @@ const (
 )
 
 // The breaker registry is the service's Breakers.
-var _ Breakers = (*breaker.Registry)(nil)
+var _ service.Breakers = (*breaker.Registry)(nil)
 
 // stepClock is a window.Clock moved by hand.
 type stepClock struct{ now atomic.Int64 }
@@ -89,7 +90,7 @@ type breakerEnv struct {
 	set    *descriptors.Set
 	timers chan armedTimer
 	conn   *grpc.ClientConn
-	svc    *Service // the rate-limit service, with reg as its Breakers
+	svc    *service.Service // the rate-limit service, with reg as its Breakers
 }
 
 // newBreakerEnv starts a gRPC server on 127.0.0.1:0 with the ext_proc,
@@ -137,7 +138,7 @@ func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 	if realTime {
 		after = nil
 	}
-	svc, err := New(Options{Limiter: window.NewStore(clock), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
+	svc, err := service.New(service.Options{Limiter: window.NewStore(clock), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,8 +345,8 @@ func TestExtProcBlockingMode(t *testing.T) {
 		got[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
 	}
 	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable || ir.GetDetails() != CircuitOpenDetails ||
-		got["retry-after"] != "5" || got[ReasonHeader] != ReasonCircuitOpen {
-		t.Errorf("immediate response %v (headers %v); want 503, retry-after 5 (4.2s rounded up), %s", ir, got, ReasonCircuitOpen)
+		got["retry-after"] != "5" || got[service.ReasonHeader] != service.ReasonCircuitOpen {
+		t.Errorf("immediate response %v (headers %v); want 503, retry-after 5 (4.2s rounded up), %s", ir, got, service.ReasonCircuitOpen)
 	}
 	// Half-open after open_duration: the probe is let through on its own
 	// stream, whose response (200) then closes the breaker.

@@ -1,4 +1,4 @@
-package service
+package observe
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/leapgate/leapgate/breaker"
+	"github.com/leapgate/leapgate/service"
 )
 
 // shouldRateLimit asks the rate-limit service over gRPC, as Envoy's stage-1
@@ -41,12 +42,12 @@ func (e *breakerEnv) expectCode(resp *rlsv3.RateLimitResponse, want rlsv3.RateLi
 	}
 	reason := ""
 	for _, h := range resp.GetResponseHeadersToAdd() {
-		if h.GetKey() == ReasonHeader {
+		if h.GetKey() == service.ReasonHeader {
 			reason = h.GetValue()
 		}
 	}
-	if reason != ReasonCircuitOpen {
-		e.t.Errorf("%s = %q, want %q", ReasonHeader, reason, ReasonCircuitOpen)
+	if reason != service.ReasonCircuitOpen {
+		e.t.Errorf("%s = %q, want %q", service.ReasonHeader, reason, service.ReasonCircuitOpen)
 	}
 	if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != reset {
 		e.t.Errorf("duration_until_reset = %v, want %v", got, reset)
