@@ -12,26 +12,47 @@ import (
 // all replicas.
 const BackendRedis = "redis"
 
-// Redis deployment types accepted by REDIS_TYPE (case-insensitive).
+// RedisType is a Redis deployment type (REDIS_TYPE), read in any case and
+// kept in lower case.
+type RedisType string
+
+// The deployment types REDIS_TYPE accepts.
 const (
-	RedisSingle   = "single"
-	RedisSentinel = "sentinel"
-	RedisCluster  = "cluster"
+	RedisSingle   RedisType = "single"
+	RedisSentinel RedisType = "sentinel"
+	RedisCluster  RedisType = "cluster"
 )
 
-// Redis failure modes accepted by REDIS_FAILURE_MODE: what a request gets
-// when Redis cannot be reached.
+// UnmarshalText reads a REDIS_TYPE value in any case; Validate rejects an
+// unknown one.
+func (t *RedisType) UnmarshalText(text []byte) error {
+	*t = RedisType(strings.ToLower(strings.TrimSpace(string(text))))
+	return nil
+}
+
+// RedisFailureMode is what a request gets while Redis cannot be reached
+// (REDIS_FAILURE_MODE), read in any case and kept in lower case.
+type RedisFailureMode string
+
+// The failure modes REDIS_FAILURE_MODE accepts.
 const (
 	// RedisFailError returns an error, so that Envoy's failure_mode_deny decides.
-	RedisFailError = "error"
+	RedisFailError RedisFailureMode = "error"
 	// RedisFailAllow admits every request without counting it.
-	RedisFailAllow = "allow"
+	RedisFailAllow RedisFailureMode = "allow"
 	// RedisFailDeny refuses every request.
-	RedisFailDeny = "deny"
+	RedisFailDeny RedisFailureMode = "deny"
 	// RedisFailLocal falls back to this replica's in-memory windows until
 	// Redis is back.
-	RedisFailLocal = "local"
+	RedisFailLocal RedisFailureMode = "local"
 )
+
+// UnmarshalText reads a REDIS_FAILURE_MODE value in any case; Validate
+// rejects an unknown one.
+func (m *RedisFailureMode) UnmarshalText(text []byte) error {
+	*m = RedisFailureMode(strings.ToLower(strings.TrimSpace(string(text))))
+	return nil
+}
 
 // Redis holds the settings of the Redis backend (BACKEND_TYPE=redis). The
 // names are envoyproxy/ratelimit's where the meaning is the same; the
@@ -48,7 +69,7 @@ type Redis struct {
 	// (cluster: any subset of the nodes).
 	URL string `envconfig:"REDIS_URL" default:"localhost:6379"`
 	// Type is single, sentinel or cluster.
-	Type string `envconfig:"REDIS_TYPE" default:"single"`
+	Type RedisType `envconfig:"REDIS_TYPE" default:"single"`
 	// Auth is the password, or user:password for an ACL user.
 	Auth string `envconfig:"REDIS_AUTH" secret:"true"`
 	// SentinelAuth is the sentinels' password, or user:password.
@@ -80,7 +101,7 @@ type Redis struct {
 	LocalCacheSizeInBytes int `envconfig:"LOCAL_CACHE_SIZE_IN_BYTES" default:"0"`
 	// FailureMode is what requests get while Redis cannot be reached:
 	// error, allow, deny or local.
-	FailureMode string `envconfig:"REDIS_FAILURE_MODE" default:"error"`
+	FailureMode RedisFailureMode `envconfig:"REDIS_FAILURE_MODE" default:"error"`
 }
 
 // Validate reports every invalid Redis setting at once, naming the variable.
@@ -94,7 +115,7 @@ func (r Redis) Validate() error {
 	default:
 		bad("REDIS_SOCKET_TYPE", "%q is neither tcp nor unix", r.SocketType)
 	}
-	typ := strings.ToLower(r.Type)
+	typ := r.Type
 	switch typ {
 	case RedisSingle, RedisSentinel, RedisCluster:
 	default:
@@ -129,7 +150,7 @@ func (r Redis) Validate() error {
 	if strings.ContainsAny(r.CacheKeyPrefix, "{}") {
 		bad("CACHE_KEY_PREFIX", "must not contain { or } (they would change the Redis Cluster hash slot)")
 	}
-	switch strings.ToLower(r.FailureMode) {
+	switch r.FailureMode {
 	case RedisFailError, RedisFailAllow, RedisFailDeny, RedisFailLocal:
 	default:
 		bad("REDIS_FAILURE_MODE", "%q is not error, allow, deny or local", r.FailureMode)

@@ -47,10 +47,10 @@ func TestRedisFromEnvironment(t *testing.T) {
 	unsetRedis(t)
 	env := map[string]string{
 		"BACKEND_TYPE": "redis", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "a:1,b:2,c:3",
-		"REDIS_TYPE": "cluster", "REDIS_AUTH": "user:pw", "REDIS_TLS": "true",
+		"REDIS_TYPE": "CLUSTER", "REDIS_AUTH": "user:pw", "REDIS_TLS": "true",
 		"REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true",
 		"REDIS_POOL_SIZE": "32", "REDIS_TIMEOUT": "250ms", "CACHE_KEY_PREFIX": "prod_",
-		"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "REDIS_FAILURE_MODE": "local",
+		"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "REDIS_FAILURE_MODE": "Local", // any case, kept in lower case
 	}
 	for k, v := range env {
 		t.Setenv(k, v)
@@ -78,7 +78,7 @@ func TestRedisValidate(t *testing.T) {
 		bad    string // variable named in the error; "" for valid
 	}{
 		{"defaults", func(*Redis) {}, ""},
-		{"sentinel", func(r *Redis) { r.Type = "SENTINEL"; r.URL = "mymaster,h1:26379,h2:26379" }, ""},
+		{"sentinel", func(r *Redis) { r.Type = "sentinel"; r.URL = "mymaster,h1:26379,h2:26379" }, ""},
 		{"unix", func(r *Redis) { r.SocketType = "unix"; r.URL = "/run/redis.sock" }, ""},
 		{"socket type", func(r *Redis) { r.SocketType = "udp" }, "REDIS_SOCKET_TYPE"},
 		{"unix cluster", func(r *Redis) { r.SocketType = "unix"; r.Type = "cluster" }, "REDIS_SOCKET_TYPE"},

@@ -343,7 +343,7 @@ func TestRefundClearsLocalCache(t *testing.T) {
 	ft := &fakeTime{}
 	ft.set(base)
 	st := settingsFor(r.Addr())
-	st.LocalCacheSizeInBytes = 1 << 16
+	st.LocalCacheBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: ft}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()

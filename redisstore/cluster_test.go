@@ -12,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
@@ -60,9 +59,9 @@ func startCluster(t *testing.T) []string {
 // refused Veto in one slot takes back the hits recorded in the others.
 func TestCluster(t *testing.T) {
 	addrs := startCluster(t)
-	st := settingsFor(strings.Join(addrs, ","))
-	st.Type = config.RedisCluster
-	st.CacheKeyPrefix = "lg_"
+	st := settingsFor(addrs[0])
+	st.Topology, st.Addrs = Cluster, addrs
+	st.KeyPrefix = "lg_"
 	a := newTestStore(t, st, Options{HealthInterval: time.Hour})
 	b := newTestStore(t, st, Options{})
 	waitHealthy(t, a, b)

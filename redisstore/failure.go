@@ -4,21 +4,20 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/window"
 )
 
 // failed answers the requests reqs[send] by the failure mode after err.
 func (s *Store) failed(ctx context.Context, reqs []window.Request, results []window.Result, send []int, err error) ([]window.Result, error) {
-	s.metrics.fallbacks.WithLabelValues(s.mode).Inc()
+	s.metrics.fallbacks.WithLabelValues(s.mode.String()).Inc()
 	switch s.mode {
-	case config.RedisFailAllow:
+	case FailAllow:
 		// Nothing is counted; the quota left is unknown: report the limit.
 		for _, i := range send {
 			results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, maxLimit)}
 		}
 		return results, nil
-	case config.RedisFailDeny:
+	case FailDeny:
 		// Refuse; ask the caller to retry after a bucket, when the health
 		// check will long have noticed Redis's return. A refund is never
 		// refused (it is not applied either; the quota left is unknown).
@@ -30,7 +29,7 @@ func (s *Store) failed(ctx context.Context, reqs []window.Request, results []win
 			results[i] = window.Result{Reset: reqs[i].Spec.BucketLength()}
 		}
 		return results, nil
-	case config.RedisFailLocal:
+	case FailLocal:
 		// The whole batch goes to the local windows: they decide alone.
 		local, lerr := s.fallback.Do(ctx, reqs)
 		if lerr != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
@@ -61,20 +60,20 @@ func TestFailureModes(t *testing.T) {
 	sp := mustSpec(t, time.Hour, 60)
 	ctx := context.Background()
 	reg := prometheus.NewRegistry()
-	mk := func(mode string, opts Options) *Store {
+	mk := func(mode FailureMode, opts Options) *Store {
 		st := settingsFor(r.Addr())
 		st.FailureMode = mode
 		st.Timeout = time.Second
 		return newTestStore(t, st, opts)
 	}
 	local := window.NewStore(window.NewMonotonicClock())
-	errStore := mk(config.RedisFailError, Options{Registry: reg})
-	allowStore := mk(config.RedisFailAllow, Options{})
-	denyStore := mk(config.RedisFailDeny, Options{})
-	localStore := mk(config.RedisFailLocal, Options{Fallback: local})
+	errStore := mk(FailError, Options{Registry: reg})
+	allowStore := mk(FailAllow, Options{})
+	denyStore := mk(FailDeny, Options{})
+	localStore := mk(FailLocal, Options{Fallback: local})
 	// No periodic health probes after the first: only a failed request
 	// makes it probe.
-	quiet := mk(config.RedisFailError, Options{HealthInterval: time.Hour})
+	quiet := mk(FailError, Options{HealthInterval: time.Hour})
 	all := []*Store{errStore, allowStore, denyStore, localStore, quiet}
 	waitHealthy(t, all...)
 
@@ -213,7 +212,7 @@ func TestStartWithRedisDown(t *testing.T) {
 	port := redistest.FreePort(t)
 	var logs syncBuffer
 	st := settingsFor("127.0.0.1:" + strconv.Itoa(port))
-	st.Auth = "user:s3cret-password"
+	st.Username, st.Password = "user", "s3cret-password"
 	s := newTestStore(t, st, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	waitUnhealthy(t, s) // never healthy yet; wait for the first probe to fail
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "redis unreachable"); {
@@ -250,7 +249,10 @@ func TestAuth(t *testing.T) {
 		ok   bool
 	}{{"pw", true}, {"default:pw", true}, {"wrong", false}, {"", false}} {
 		st := settingsFor(r.Addr())
-		st.Auth = tc.auth
+		st.Username, st.Password, _ = strings.Cut(tc.auth, ":")
+		if !strings.Contains(tc.auth, ":") {
+			st.Username, st.Password = "", tc.auth
+		}
 		s := newTestStore(t, st, Options{})
 		_, err := s.Do(context.Background(), []window.Request{{Key: "k", Spec: sp, Limit: 5, Hits: 1}})
 		if (err == nil) != tc.ok {

@@ -22,7 +22,7 @@ func TestLocalCache(t *testing.T) {
 	localClock := &fakeTime{}
 	localClock.set(time.Hour) // deliberately unrelated to Redis's time
 	st := settingsFor(r.Addr())
-	st.LocalCacheSizeInBytes = 1 << 16
+	st.LocalCacheBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: localClock, HealthInterval: time.Hour}), redisTime)
 	waitHealthy(t, s)
 	rt := countRoundTrips(s)

@@ -7,29 +7,26 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/leapgate/leapgate/config"
 )
 
-// settingsFor returns default settings pointing at addr.
-func settingsFor(addr string) config.Redis {
-	return config.Redis{
-		SocketType:  "tcp",
-		URL:         addr,
-		Type:        config.RedisSingle,
-		PoolSize:    10,
-		Timeout:     2 * time.Second, // generous: the test machine is shared and busy
-		FailureMode: config.RedisFailError,
+// settingsFor returns the options of a single Redis at addr.
+func settingsFor(addr string) Options {
+	return Options{
+		Addrs:   []string{addr},
+		Timeout: 2 * time.Second, // generous: the test machine is shared and busy
 	}
 }
 
-// newTestStore builds a Store on s and closes it when the test ends.
-func newTestStore(t testing.TB, s config.Redis, opts Options) *Store {
+// newTestStore builds a Store on the connection options of s and the
+// collaborators of opts (Logger, Registry, Fallback, Clock, HealthInterval)
+// and closes it when the test ends.
+func newTestStore(t testing.TB, s Options, opts Options) *Store {
 	t.Helper()
-	if opts.HealthInterval == 0 {
-		opts.HealthInterval = 20 * time.Millisecond
+	s.Logger, s.Registry, s.Fallback, s.Clock, s.HealthInterval = opts.Logger, opts.Registry, opts.Fallback, opts.Clock, opts.HealthInterval
+	if s.HealthInterval == 0 {
+		s.HealthInterval = 20 * time.Millisecond
 	}
-	st, err := New(context.Background(), s, opts)
+	st, err := New(context.Background(), s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/window"
 )
@@ -31,9 +30,9 @@ func TestSentinel(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 
-	st := settingsFor(fmt.Sprintf("mymaster,127.0.0.1:%d", port))
-	st.Type = config.RedisSentinel
-	st.SentinelAuth = "spw"
+	st := settingsFor(fmt.Sprintf("127.0.0.1:%d", port))
+	st.Topology, st.MasterName = Sentinel, "mymaster"
+	st.SentinelPassword = "spw"
 	s := newTestStore(t, st, Options{})
 	waitHealthy(t, s)
 	sp := mustSpec(t, time.Minute, 6)
@@ -80,8 +79,8 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 
-	st := settingsFor(fmt.Sprintf("mymaster,127.0.0.1:%d", port))
-	st.Type = config.RedisSentinel
+	st := settingsFor(fmt.Sprintf("127.0.0.1:%d", port))
+	st.Topology, st.MasterName = Sentinel, "mymaster"
 	st.Timeout = time.Second
 	s := newTestStore(t, st, Options{})
 	waitHealthy(t, s)

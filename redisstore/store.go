@@ -43,15 +43,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -61,24 +58,6 @@ const DefaultHealthInterval = time.Second
 // ErrUnavailable is returned (wrapped) by Do in failure mode "error" while
 // the health check finds Redis unreachable, without trying Redis.
 var ErrUnavailable = errors.New("redis is unavailable")
-
-// Options are the collaborators of a Store. All are optional except
-// Fallback with REDIS_FAILURE_MODE=local.
-type Options struct {
-	// Logger receives health transitions and errors (default: discard).
-	Logger *slog.Logger
-	// Registry receives the Store's metrics (default: not registered).
-	Registry prometheus.Registerer
-	// Fallback answers while Redis is down in failure mode local: the
-	// replica's in-memory window.Store.
-	Fallback window.Limiter
-	// Clock is the local clock of the over-limit cache (default: a
-	// MonotonicClock). Admission never reads it: Redis's time decides.
-	Clock window.Clock
-	// HealthInterval is the period of the health check (default
-	// DefaultHealthInterval).
-	HealthInterval time.Duration
-}
 
 // health states of Redis as seen by the health check.
 const (
@@ -93,7 +72,7 @@ type Store struct {
 	client   redis.UniversalClient
 	cluster  bool
 	prefix   string
-	mode     string
+	mode     FailureMode
 	fallback window.Limiter
 	cache    *overLimitCache
 	clock    window.Clock
@@ -122,16 +101,16 @@ var (
 // package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog).
 func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.TimeBuckets }
 
-// New returns a Store for the settings. It does not wait for Redis: it
-// starts a health check that runs until ctx is done or Close is called,
-// logs whether Redis answers, and reports Healthy once a PING succeeds.
-// It fails only for invalid settings (or metrics already registered).
-func New(ctx context.Context, settings config.Redis, opts Options) (*Store, error) {
-	client, cluster, err := newClient(settings)
+// New returns a Store for opts. It does not wait for Redis: it starts a
+// health check that runs until ctx is done or Close is called, logs whether
+// Redis answers, and reports Healthy once a PING succeeds. It fails only for
+// invalid options (or metrics already registered).
+func New(ctx context.Context, opts Options) (*Store, error) {
+	client, cluster, err := newClient(opts)
 	if err != nil {
 		return nil, err
 	}
-	s, err := newStore(ctx, client, cluster, settings, opts)
+	s, err := newStore(ctx, client, cluster, opts)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -139,13 +118,9 @@ func New(ctx context.Context, settings config.Redis, opts Options) (*Store, erro
 	return s, nil
 }
 
-func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, settings config.Redis, opts Options) (*Store, error) {
-	mode := strings.ToLower(settings.FailureMode)
-	if mode == "" {
-		mode = config.RedisFailError
-	}
-	if mode == config.RedisFailLocal && opts.Fallback == nil {
-		return nil, errors.New("REDIS_FAILURE_MODE=local needs a fallback Limiter")
+func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, opts Options) (*Store, error) {
+	if opts.FailureMode == FailLocal && opts.Fallback == nil {
+		return nil, errors.New("redisstore: failure mode local needs Options.Fallback")
 	}
 	m, err := newMetrics(opts.Registry)
 	if err != nil {
@@ -154,14 +129,14 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, s
 	s := &Store{
 		client:   client,
 		cluster:  cluster,
-		prefix:   settings.CacheKeyPrefix,
-		mode:     mode,
+		prefix:   opts.KeyPrefix,
+		mode:     opts.FailureMode,
 		fallback: opts.Fallback,
 		clock:    opts.Clock,
 		log:      opts.Logger,
 		metrics:  m,
 		interval: opts.HealthInterval,
-		timeout:  settings.Timeout,
+		timeout:  opts.timeout(),
 		done:     make(chan struct{}),
 		nudge:    make(chan struct{}, 1),
 	}
@@ -174,15 +149,13 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, s
 	if s.interval <= 0 {
 		s.interval = DefaultHealthInterval
 	}
-	if s.timeout <= 0 {
-		s.timeout = 100 * time.Millisecond
-	}
-	if settings.LocalCacheSizeInBytes > 0 {
-		s.cache = newOverLimitCache(settings.LocalCacheSizeInBytes)
+	if opts.LocalCacheBytes > 0 {
+		s.cache = newOverLimitCache(opts.LocalCacheBytes)
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	go s.healthLoop(ctx)
-	s.log.Info("redis backend configured (not waiting for it)", "settings", settings)
+	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
+		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes)
 	return s, nil
 }
 

@@ -219,7 +219,7 @@ func TestTTLOnEveryKey(t *testing.T) {
 	ft := &fakeTime{}
 	ft.set(base)
 	st := settingsFor(r.Addr())
-	st.CacheKeyPrefix = "lg_"
+	st.KeyPrefix = "lg_"
 	s := withFakeTime(newTestStore(t, st, Options{}), ft)
 	ctx := context.Background()
 	specs := []window.Spec{mustSpec(t, time.Second, 10), mustSpec(t, time.Minute, 20), mustSpec(t, time.Hour, 4)}
@@ -390,7 +390,7 @@ func (s skewedClock) Now() time.Duration { return s.c.Now() + s.skew }
 func TestClockSkewIrrelevant(t *testing.T) {
 	r := redistest.Start(t)
 	st := settingsFor(r.Addr())
-	st.LocalCacheSizeInBytes = 1 << 20 // the only user of the local clock
+	st.LocalCacheBytes = 1 << 20 // the only user of the local clock
 	mono := window.NewMonotonicClock()
 	a := newTestStore(t, st, Options{Clock: mono})
 	b := newTestStore(t, st, Options{Clock: skewedClock{mono, 3 * time.Hour}})

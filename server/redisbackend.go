@@ -2,7 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -24,19 +29,26 @@ const backendHealthInterval = 250 * time.Millisecond
 // the leapgate_redis_up metric and the log), and reporting NOT_SERVING
 // would make Envoy and Kubernetes drop every replica at once.
 func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger) (backend, error) {
-	opts := redisstore.Options{Logger: logger, Registry: reg}
+	opts, err := redisOptions(s.Redis)
+	if err != nil {
+		return backend{}, err
+	}
+	opts.Logger, opts.Registry = logger, reg
+	// go-redis keeps its logger in a package variable: its lines (dial
+	// failures, pool events) go to the process's logger from here on.
+	redisstore.RouteClientLogs(logger)
 	var local backend
-	if strings.EqualFold(s.Redis.FailureMode, config.RedisFailLocal) {
+	if opts.FailureMode == redisstore.FailLocal {
 		local = newMemoryBackend(s, reg)
 		opts.Fallback = local.limiter
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	store, err := redisstore.New(ctx, s.Redis, opts)
+	store, err := redisstore.New(ctx, opts)
 	if err != nil {
 		cancel()
 		return backend{}, err
 	}
-	errorMode := strings.EqualFold(s.Redis.FailureMode, config.RedisFailError)
+	errorMode := opts.FailureMode == redisstore.FailError
 	return backend{
 		limiter: store,
 		run: func(ctx context.Context) {
@@ -50,4 +62,114 @@ func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.
 		},
 		healthy: func() bool { return store.Healthy() || !errorMode },
 	}, nil
+}
+
+// redisOptions maps the REDIS_* settings (already validated by config) to
+// redisstore's options: the address list of each REDIS_TYPE, the user and
+// password of REDIS_AUTH, the TLS files.
+func redisOptions(r config.Redis) (redisstore.Options, error) {
+	if err := r.Validate(); err != nil {
+		return redisstore.Options{}, fmt.Errorf("redis settings: %w", err)
+	}
+	tlsConfig, err := redisTLS(r)
+	if err != nil {
+		return redisstore.Options{}, err
+	}
+	o := redisstore.Options{
+		Network:         strings.ToLower(r.SocketType),
+		TLS:             tlsConfig,
+		PoolSize:        r.PoolSize,
+		Timeout:         r.Timeout,
+		KeyPrefix:       r.CacheKeyPrefix,
+		LocalCacheBytes: r.LocalCacheSizeInBytes,
+	}
+	o.Username, o.Password = splitAuth(r.Auth)
+	switch r.Type {
+	case config.RedisSentinel:
+		parts := strings.Split(r.URL, ",")
+		o.Topology = redisstore.Sentinel
+		o.MasterName = strings.TrimSpace(parts[0])
+		o.Addrs = trimAll(parts[1:])
+		o.SentinelUsername, o.SentinelPassword = splitAuth(r.SentinelAuth)
+	case config.RedisCluster:
+		o.Topology = redisstore.Cluster
+		o.Addrs = trimAll(strings.Split(r.URL, ","))
+	default:
+		o.Topology = redisstore.Single
+		o.Addrs = []string{strings.TrimSpace(r.URL)}
+	}
+	switch r.FailureMode {
+	case config.RedisFailAllow:
+		o.FailureMode = redisstore.FailAllow
+	case config.RedisFailDeny:
+		o.FailureMode = redisstore.FailDeny
+	case config.RedisFailLocal:
+		o.FailureMode = redisstore.FailLocal
+	default:
+		o.FailureMode = redisstore.FailError
+	}
+	return o, nil
+}
+
+// splitAuth splits "user:pass" into its parts; a value without a colon is
+// a password alone (the default user).
+func splitAuth(auth string) (user, pass string) {
+	if u, p, ok := strings.Cut(auth, ":"); ok {
+		return u, p
+	}
+	return "", auth
+}
+
+func trimAll(ss []string) []string {
+	out := make([]string, 0, len(ss))
+	for _, s := range ss {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// redisTLS returns the TLS configuration of the REDIS_TLS* settings, nil
+// without TLS.
+func redisTLS(s config.Redis) (*tls.Config, error) {
+	if !s.TLS {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.TLSClientCert != "" {
+		cert, err := tls.LoadX509KeyPair(s.TLSClientCert, s.TLSClientKey)
+		if err != nil {
+			return nil, fmt.Errorf("REDIS_TLS_CLIENT_CERT/KEY: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if s.TLSCACert != "" {
+		pem, err := os.ReadFile(s.TLSCACert)
+		if err != nil {
+			return nil, fmt.Errorf("REDIS_TLS_CACERT: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("REDIS_TLS_CACERT: no PEM certificate in %s", s.TLSCACert)
+		}
+	}
+	if s.TLSSkipHostnameVerification {
+		// Verify the chain ourselves, without the host name: Go's
+		// InsecureSkipVerify alone would accept any certificate at all.
+		roots := c.RootCAs
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("redis presented no certificate")
+			}
+			opts := x509.VerifyOptions{Roots: roots, Intermediates: x509.NewCertPool()}
+			for _, ic := range cs.PeerCertificates[1:] {
+				opts.Intermediates.AddCert(ic)
+			}
+			_, err := cs.PeerCertificates[0].Verify(opts)
+			return err
+		}
+	}
+	return c, nil
 }

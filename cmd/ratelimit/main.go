@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"github.com/leapgate/leapgate/config"
-	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/server"
 )
 
@@ -43,7 +42,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	logger := settings.NewLogger(stderr)
 	logger.Info("starting", "settings", settings)
-	redisstore.RouteClientLogs(logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

@@ -1,4 +1,4 @@
-package redisstore
+package server
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -91,7 +93,9 @@ func (ca *testCA) issue(t *testing.T, dir, name, dnsName string) (certFile, keyF
 // TestTLS: REDIS_TLS with a CA, a client certificate (Redis requires one by
 // default) and REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, against a redis-server
 // on a TLS-only port whose certificate names another host.
-func TestTLS(t *testing.T) {
+// TestRedisTLS: the REDIS_TLS* settings against a real redis-server with
+// TLS: CA, client certificate, host-name check on and off, missing files.
+func TestRedisTLS(t *testing.T) {
 	redistest.Need(t)
 	dir := t.TempDir()
 	ca := newTestCA(t, "leapgate test CA")
@@ -127,7 +131,16 @@ func TestTLS(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	sp := mustSpec(t, time.Second, 10)
+	sp, err := window.NewSpec(time.Second, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := func() config.Redis {
+		r := config.Defaults().Redis
+		r.URL = addr
+		r.Timeout = 2 * time.Second
+		return r
+	}
 	for _, tc := range []struct {
 		name       string
 		ca         string
@@ -142,12 +155,21 @@ func TestTLS(t *testing.T) {
 		{"unknown CA, even with the host name skipped", otherCAFile, true, true, false, "unknown authority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st := settingsFor(addr)
+			st := settings()
 			st.TLS, st.TLSCACert, st.TLSSkipHostnameVerification = true, tc.ca, tc.skipHost
 			if tc.clientCert {
 				st.TLSClientCert, st.TLSClientKey = clientCert, clientKey
 			}
-			s := newTestStore(t, st, Options{})
+			opts, err := redisOptions(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts.HealthInterval = time.Hour
+			s, err := redisstore.New(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
 			res, err := s.Do(context.Background(), []window.Request{{Key: "tls", Spec: sp, Limit: 100, Hits: 1}})
 			if tc.ok && (err != nil || !res[0].Recorded) {
 				t.Fatalf("want success: %+v %v", res, err)
@@ -159,9 +181,9 @@ func TestTLS(t *testing.T) {
 	}
 
 	// Missing files are construction errors naming the variable.
-	st := settingsFor(addr)
+	st := settings()
 	st.TLS, st.TLSCACert = true, filepath.Join(dir, "missing.pem")
-	if _, err := New(context.Background(), st, Options{}); err == nil {
-		t.Fatal("missing CA file: no error")
+	if _, err := redisOptions(st); err == nil || !strings.Contains(err.Error(), "REDIS_TLS_CACERT") {
+		t.Fatalf("missing CA file: %v, want an error naming REDIS_TLS_CACERT", err)
 	}
 }
