@@ -203,11 +203,7 @@ func (r *Registry) newRuleBreakers(rule *descriptors.Rule, cfg Config) *ruleBrea
 		cfg:    cfg,
 		hist:   r.metrics.responseTime.WithLabelValues(rule.ID),
 	}
-	for _, e := range rule.Path {
-		if e.Value == "" || (strings.Contains(e.Value, "*") && !rule.ShareThreshold) {
-			rb.varying = true
-		}
-	}
+	rb.varying = rule.Varies()
 	if !rb.varying {
 		rb.single = New(cfg, rb.onChange("", true))
 	} else {
@@ -260,8 +256,8 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 		return nil
 	}
 	var resource strings.Builder
-	for i, p := range rb.path {
-		if i < len(values) && (p.Value == "" || (strings.Contains(p.Value, "*") && !rb.rule.ShareThreshold)) {
+	for i := range rb.path {
+		if i < len(values) && rb.rule.VariesAt(i) {
 			if resource.Len() > 0 {
 				resource.WriteByte(',')
 			}

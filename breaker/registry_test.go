@@ -462,3 +462,28 @@ func TestConcurrentUse(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestShareThresholdAppliesToItsLevelOnly: share_threshold on the leaf
+// (route r-*) makes the routes share a breaker, but the parent level
+// (destination_cluster svc-*) still varies: a 503 on svc-a must not open
+// svc-b's breaker, as the two clusters' rate-limit counters are distinct too.
+func TestShareThresholdAppliesToItsLevelOnly(t *testing.T) {
+	r, _, set := newTestRegistry(t, `
+domain: breaker
+descriptors:
+  - key: destination_cluster
+    value: svc-*
+    descriptors:
+      - key: route
+        value: r-*
+        share_threshold: true
+        circuit_breaker: {strategy: error_count, threshold: 1}
+`, Options{})
+	r.Observe(Observation{Cluster: "svc-a", Route: "r-1", Status: 503})
+	if ok, _ := allow(t, r, set, "destination_cluster", "svc-a", "route", "r-2"); ok {
+		t.Error("svc-a's breaker did not open (routes share it)")
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "svc-b", "route", "r-1"); !ok {
+		t.Error("a 503 on svc-a opened svc-b's breaker")
+	}
+}

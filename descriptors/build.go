@@ -53,7 +53,8 @@ type rawLimit struct {
 	window          time.Duration // 0 when absent
 	buckets         int           // 0 when absent
 	bucketsSet      bool
-	algorithm       Algorithm
+	algorithm       window.Algorithm
+	algorithmSet    bool
 	bad             bool // a field was malformed (already reported)
 }
 
@@ -248,7 +249,7 @@ func (b *builder) addLimits(f *rawFile, d *rawDescriptor, rule *Rule) {
 			continue
 		}
 		l, ok := b.limit(f, rl)
-		if ok && l.Algorithm == SlidingLog && l.RequestsPerUnit > window.MaxLogLimit {
+		if ok && window.CheckLimit(l.Algorithm, uint64(l.RequestsPerUnit)) != nil {
 			b.errorf(f.name, at(rl.lines, "requests_per_unit", rl.line),
 				"rule %s: requests_per_unit %d is above the sliding_log maximum of %d (it keeps one 8-byte timestamp per hit); use sliding_window for large limits",
 				rule.ID, l.RequestsPerUnit, window.MaxLogLimit)
@@ -290,12 +291,12 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets must be at least 1, got %d", rl.buckets)
 		return l, false
 	}
-	if rl.bucketsSet && rl.algorithm != TimeBuckets {
-		alg := rl.algorithm
-		if alg == "" {
-			alg = SlidingWindow + ", the default,"
+	if rl.bucketsSet && rl.algorithm != window.TimeBuckets {
+		alg := rl.algorithm.String()
+		if !rl.algorithmSet {
+			alg += ", the default,"
 		}
-		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets applies only to algorithm %s (%s keeps no time buckets)", TimeBuckets, alg)
+		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets applies only to algorithm %s (%s keeps no time buckets)", window.TimeBuckets, alg)
 		return l, false
 	}
 	if rl.window > 0 {
@@ -322,7 +323,7 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 	if !ok {
 		return l, false
 	}
-	if l.Algorithm != TimeBuckets {
+	if l.Algorithm != window.TimeBuckets {
 		return l, true // no buckets: any positive window can be laid out
 	}
 	buckets, field := l.Buckets, "buckets"

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/leapgate/leapgate/window"
 )
 
 const extensionRules = `
@@ -72,9 +74,9 @@ func TestParseExtensions(t *testing.T) {
 	}
 	wantLimits := []Limit{
 		{Name: "per_user", RequestsPerUnit: 10, Unit: UnitSecond, UnitMultiplier: 1},
-		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: TimeBuckets},
-		{RequestsPerUnit: 10000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute, Algorithm: SlidingLog},
-		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Algorithm: FixedWindow},
+		{RequestsPerUnit: 300, Unit: UnitMinute, UnitMultiplier: 5, Buckets: 30, Algorithm: window.TimeBuckets},
+		{RequestsPerUnit: 10000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute, Algorithm: window.SlidingLog},
+		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Algorithm: window.FixedWindow},
 	}
 	if !reflect.DeepEqual(user.Limits, wantLimits) {
 		t.Errorf("Limits:\n got %+v\nwant %+v", user.Limits, wantLimits)

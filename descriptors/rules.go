@@ -2,20 +2,8 @@ package descriptors
 
 import (
 	"time"
-)
 
-// Algorithm is the admission algorithm of a limit.
-type Algorithm string
-
-// Algorithms a rule may choose; the empty Algorithm means SlidingWindow.
-// A SlidingLog limit keeps one timestamp per hit, so its requests_per_unit
-// may not exceed window.MaxLogLimit. Only TimeBuckets takes Buckets.
-const (
-	SlidingWindow Algorithm = "sliding_window"
-	TokenBucket   Algorithm = "token_bucket"
-	FixedWindow   Algorithm = "fixed_window"
-	SlidingLog    Algorithm = "sliding_log"
-	TimeBuckets   Algorithm = "time_buckets"
+	"github.com/leapgate/leapgate/window"
 )
 
 // Limit is one rate limit of a rule.
@@ -36,8 +24,10 @@ type Limit struct {
 	// Buckets is the number of time buckets per window of a TimeBuckets
 	// limit (0: the service default); the loader refuses it on the others.
 	Buckets int
-	// Algorithm is the admission algorithm ("" means SlidingWindow).
-	Algorithm Algorithm
+	// Algorithm is the admission algorithm (the zero value is
+	// window.SlidingWindow); the loader refuses a limit it cannot enforce
+	// (window.CheckLimit) and Buckets on any but window.TimeBuckets.
+	Algorithm window.Algorithm
 }
 
 // Window returns the window length of the limit: Length if set, else

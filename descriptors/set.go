@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/leapgate/leapgate/window"
 )
 
 // Set is an immutable, validated rule set: the descriptor trees of every
@@ -148,7 +150,7 @@ func (s *Set) Dump() string {
 			if l.Buckets > 0 {
 				fmt.Fprintf(&b, " buckets=%d", l.Buckets)
 			}
-			if l.Algorithm != "" && l.Algorithm != SlidingWindow {
+			if l.Algorithm != window.SlidingWindow {
 				fmt.Fprintf(&b, " algorithm=%s", l.Algorithm)
 			}
 			if l.Name != "" {
@@ -189,7 +191,7 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 	for i := range r.Path {
 		v := ""
 		switch {
-		case r.levels[i].exact || r.levels[i].share:
+		case !r.VariesAt(i):
 			v = r.Path[i].Value
 		case i < len(entries):
 			v = entries[i].Value
@@ -199,6 +201,25 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 		dst = append(dst, v...)
 	}
 	return dst
+}
+
+// VariesAt reports whether the request's value at element i of the rule's
+// path takes part in its counter and breaker keys (AppendKey): true for a
+// value-less level and for a wildcard level without share_threshold, false
+// for a literal value and for a share_threshold wildcard, whose pattern
+// stands for every value it matches. share_threshold applies to the level it
+// is set on only.
+func (r *Rule) VariesAt(i int) bool { return !r.levels[i].exact && !r.levels[i].share }
+
+// Varies reports whether any level VariesAt: whether requests matching the
+// rule can have different counter and breaker keys.
+func (r *Rule) Varies() bool {
+	for i := range r.Path {
+		if r.VariesAt(i) {
+			return true
+		}
+	}
+	return false
 }
 
 // MetricKey returns the stats key of a request descriptor matched by the

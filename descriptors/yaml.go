@@ -262,10 +262,9 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 			l.buckets, l.bucketsSet = int(u), ok
 		case "algorithm":
 			s, _ := r.str(name, val)
-			switch a := Algorithm(s); a {
-			case SlidingWindow, TokenBucket, FixedWindow, SlidingLog, TimeBuckets:
-				l.algorithm = a
-			default:
+			if a, ok := window.ParseAlgorithm(s); ok {
+				l.algorithm, l.algorithmSet = a, true
+			} else {
 				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket, fixed_window, sliding_log or time_buckets)", s)
 			}
 		}

@@ -187,8 +187,8 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
 			return nil, fmt.Errorf("request %d (key %q): %v is not supported by the Redis backend", i, reqs[i].Key, reqs[i].Algorithm)
 		}
-		if reqs[i].Algorithm == window.SlidingLog && reqs[i].Limit > window.MaxLogLimit {
-			return nil, fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, window.ErrLogLimit)
+		if err := window.CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
+			return nil, fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
 		}
 	}
 

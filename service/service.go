@@ -40,7 +40,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,11 +234,12 @@ func (s *Service) Rules() *descriptors.Set {
 
 // CheckRules reports every rule of set that this service cannot serve as
 // written, as errors.Join of *descriptors.Error; nil when the whole set can
-// be served: a sliding window its bucket count does not divide, an unknown
-// algorithm, an algorithm the Limiter does not serve (when it implements
-// window.AlgorithmChecker; the in-memory window.Store serves them all), a
-// sliding_log limit above window.MaxLogLimit, or (with DynamicMetadata)
-// metadata that has no protobuf Struct form.
+// be served: a time_buckets window its bucket count does not divide, an
+// algorithm the Limiter does not serve (when it implements
+// window.AlgorithmChecker; the in-memory window.Store serves them all), or
+// (with DynamicMetadata) metadata that has no protobuf Struct form. Limits
+// no algorithm can enforce (window.CheckLimit) never reach a Set: the
+// loader refuses them with their file and line.
 func (s *Service) CheckRules(set *descriptors.Set) error {
 	if set == nil {
 		return nil
@@ -317,12 +317,7 @@ type limitInfo struct {
 }
 
 func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
-	info := &ruleInfo{rule: r, names: r.Names(), constKey: true}
-	for _, e := range r.Path {
-		if e.Value == "" || strings.Contains(e.Value, "*") {
-			info.constKey = false
-		}
-	}
+	info := &ruleInfo{rule: r, names: r.Names(), constKey: !r.Varies()}
 	if r.DetailedMetric || r.ValueToMetric {
 		info.detailed = s.metrics.detailedFor(r.Domain, r.ID)
 	} else {
@@ -339,20 +334,9 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 		base = r.AppendKey(nil, r.Path)
 	}
 	for i, l := range r.Limits {
-		alg, ok := windowAlgorithm(l.Algorithm)
-		if !ok {
-			info.err = fmt.Errorf("rule %s, limit %d: unknown algorithm %q", r.ID, i+1, l.Algorithm)
-			info.limits = nil
-			return info
-		}
+		alg := l.Algorithm
 		if c, ok := s.limiter.(window.AlgorithmChecker); ok && !c.SupportsAlgorithm(alg) {
 			info.err = fmt.Errorf("rule %s, limit %d: algorithm %s is not supported by the rate-limit backend", r.ID, i+1, alg)
-			info.limits = nil
-			return info
-		}
-		if alg == window.SlidingLog && l.RequestsPerUnit > window.MaxLogLimit {
-			// The loader rejects these first; kept for sets built otherwise.
-			info.err = fmt.Errorf("rule %s, limit %d: requests_per_unit %d is above the sliding_log maximum of %d", r.ID, i+1, l.RequestsPerUnit, window.MaxLogLimit)
 			info.limits = nil
 			return info
 		}
@@ -399,23 +383,6 @@ func specSuffix(spec window.Spec, alg window.Algorithm, extra string) string {
 		s += "/" + alg.String()
 	}
 	return s + extra
-}
-
-// windowAlgorithm maps a rule's algorithm to the limiter's.
-func windowAlgorithm(a descriptors.Algorithm) (window.Algorithm, bool) {
-	switch a {
-	case "", descriptors.SlidingWindow:
-		return window.SlidingWindow, true
-	case descriptors.TokenBucket:
-		return window.TokenBucket, true
-	case descriptors.FixedWindow:
-		return window.FixedWindow, true
-	case descriptors.SlidingLog:
-		return window.SlidingLog, true
-	case descriptors.TimeBuckets:
-		return window.TimeBuckets, true
-	}
-	return 0, false
 }
 
 // reportedMultiplier is the unit_multiplier to report for a limit.

@@ -67,6 +67,29 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
+// ParseAlgorithm returns the Algorithm that String names (as rule files
+// spell it: sliding_window, token_bucket, fixed_window, sliding_log,
+// time_buckets), and false for any other name.
+func ParseAlgorithm(name string) (Algorithm, bool) {
+	for a := SlidingWindow; a <= TimeBuckets; a++ {
+		if a.String() == name {
+			return a, true
+		}
+	}
+	return 0, false
+}
+
+// CheckLimit reports whether alg can enforce limit: nil for every algorithm
+// (limits above MaxLimit are clamped to it), except SlidingLog above
+// MaxLogLimit, which is ErrLogLimit. Rule loading and both Limiters refuse
+// by it.
+func CheckLimit(alg Algorithm, limit uint64) error {
+	if alg == SlidingLog && limit > MaxLogLimit {
+		return ErrLogLimit
+	}
+	return nil
+}
+
 // meter is what a Store keeps per key: one of Counter, GCRA, FixedCounter,
 // LogCounter, BucketCounter.
 type meter interface {

@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -242,5 +243,38 @@ func TestGCRALoweredLimit(t *testing.T) {
 	}
 	if r := g.AllowAt(0, 0, 10); r.Allowed || r.Remaining != 0 {
 		t.Fatalf("check after a lowered limit: %+v", r)
+	}
+}
+
+// TestParseAlgorithm: every algorithm's name parses back to it; other names
+// do not.
+func TestParseAlgorithm(t *testing.T) {
+	for a := SlidingWindow; a <= TimeBuckets; a++ {
+		if got, ok := ParseAlgorithm(a.String()); !ok || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %t", a.String(), got, ok)
+		}
+	}
+	for _, name := range []string{"", "leaky_bucket", "Sliding_Window", "Algorithm(5)"} {
+		if _, ok := ParseAlgorithm(name); ok {
+			t.Errorf("ParseAlgorithm(%q) accepted", name)
+		}
+	}
+}
+
+// TestCheckLimit: only a sliding log above MaxLogLimit is refused.
+func TestCheckLimit(t *testing.T) {
+	for _, tc := range []struct {
+		alg   Algorithm
+		limit uint64
+		ok    bool
+	}{
+		{SlidingLog, MaxLogLimit, true},
+		{SlidingLog, MaxLogLimit + 1, false},
+		{SlidingWindow, MaxLimit + 1, true},
+		{TimeBuckets, MaxLogLimit + 1, true},
+	} {
+		if err := CheckLimit(tc.alg, tc.limit); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrLogLimit)) {
+			t.Errorf("CheckLimit(%v, %d) = %v", tc.alg, tc.limit, err)
+		}
 	}
 }

@@ -157,8 +157,8 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
 			return fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
 		}
-		if reqs[i].Algorithm == SlidingLog && reqs[i].Limit > MaxLogLimit {
-			return fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, ErrLogLimit)
+		if err := CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
+			return fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
 		}
 	}
 	vetoed, refunds := false, false
