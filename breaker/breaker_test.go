@@ -12,22 +12,23 @@ const (
 	s  = time.Second
 )
 
-func mustConfig(t testing.TB, b descriptors.Breaker) Config {
+// mustConfig returns the Config of a circuit_breaker block written as the
+// fields of a YAML flow mapping, read by the rule loader (which validates it
+// and applies the defaults).
+func mustConfig(t testing.TB, block string) Config {
 	t.Helper()
-	c, err := NewConfig(b)
+	set, err := descriptors.Parse([]descriptors.File{{Name: "b.yaml", Data: []byte(
+		"domain: b\ndescriptors:\n  - key: k\n    circuit_breaker: {" + block + "}\n")}})
 	if err != nil {
-		t.Fatalf("NewConfig(%+v): %v", b, err)
+		t.Fatalf("circuit_breaker {%s}: %v", block, err)
 	}
-	return c
+	return Config{Breaker: *set.Rule("b.k").Breaker}
 }
 
 // slowBreaker: slow_request_ratio 0.5 over 10s/10 buckets, min 4 requests,
 // max 100ms, open 5s, 2 probes, probe timeout 1s.
 func slowConfig(t testing.TB) Config {
-	return mustConfig(t, descriptors.Breaker{
-		Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 100 * ms, MinRequests: 4,
-		Window: 10 * s, Buckets: 10, OpenDuration: 5 * s, HalfOpenProbes: 2, ProbeTimeout: time.Second,
-	})
+	return mustConfig(t, "strategy: slow_request_ratio, threshold: 0.5, max_response_time: 100ms, min_requests: 4, window: 10s, buckets: 10, open_duration: 5s, half_open_probes: 2, probe_timeout: 1s")
 }
 
 type recorder struct{ got []Transition }
@@ -46,48 +47,10 @@ var (
 	slow = Outcome{ResponseTime: 101 * ms, Status: 200}
 )
 
-func TestNewConfig(t *testing.T) {
-	tests := []struct {
-		name    string
-		in      descriptors.Breaker
-		wantErr bool
-		check   func(Config) bool
-	}{
-		{"defaults", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5}, false, func(c Config) bool {
-			return c.Spec.Length() == DefaultWindow && c.Spec.Buckets() == DefaultBuckets &&
-				c.OpenDuration == DefaultOpenDuration && c.HalfOpenProbes == 1 && c.ProbeTimeout == DefaultOpenDuration
-		}},
-		{"probe timeout defaults to open duration", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 1, MaxResponseTime: 4 * s, OpenDuration: 7 * s}, false,
-			func(c Config) bool { return c.ProbeTimeout == 7*s }},
-		{"window not divisible by default buckets picks a divisor", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 7*s + 3}, false,
-			func(c Config) bool { return int64(c.Spec.Length())%int64(c.Spec.Buckets()) == 0 }},
-		{"explicit indivisible buckets", descriptors.Breaker{Strategy: "error_count", Threshold: 3, Window: 10 * s, Buckets: 3}, true, nil},
-		{"unknown strategy", descriptors.Breaker{Strategy: "latency", Threshold: 0.5}, true, nil},
-		{"empty strategy", descriptors.Breaker{Threshold: 0.5}, true, nil},
-		{"ratio above one", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1.5}, true, nil},
-		{"ratio zero", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0}, true, nil},
-		{"count below one", descriptors.Breaker{Strategy: "error_count", Threshold: 0.5}, true, nil},
-		{"slow without max", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5}, true, nil},
-		{"negative open", descriptors.Breaker{Strategy: "error_count", Threshold: 1, OpenDuration: -1}, true, nil},
-		{"bad status", descriptors.Breaker{Strategy: "error_count", Threshold: 1, ErrorStatuses: []int{42}}, true, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c, err := NewConfig(tt.in)
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
-			}
-			if tt.check != nil && !tt.check(c) {
-				t.Errorf("config %+v fails check", c)
-			}
-		})
-	}
-}
-
 func TestFailed(t *testing.T) {
-	slowC := mustConfig(t, descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 100 * ms})
-	errC := mustConfig(t, descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5})
-	listC := mustConfig(t, descriptors.Breaker{Strategy: "error_count", Threshold: 1, ErrorStatuses: []int{503, 429}})
+	slowC := mustConfig(t, "strategy: slow_request_ratio, threshold: 0.5, max_response_time: 100ms")
+	errC := mustConfig(t, "strategy: error_ratio, threshold: 0.5")
+	listC := mustConfig(t, "strategy: error_count, threshold: 1, error_statuses: [503, 429]")
 	tests := []struct {
 		name string
 		c    Config
@@ -136,21 +99,21 @@ func TestThresholds(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		b    descriptors.Breaker
+		b    string // the circuit_breaker block
 		obs  []Outcome
 		open bool
 	}{
-		{"ratio 0.3: 3 of 10 opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.3, MinRequests: 10}, seq(3, 7), true},
-		{"ratio 0.3: 2 of 10 stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.3, MinRequests: 10}, seq(2, 8), false},
-		{"ratio 1: all bad opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1, MinRequests: 3}, seq(3, 0), true},
-		{"ratio 1: one good stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 1, MinRequests: 3}, seq(3, 1), false},
-		{"slow ratio 0.5: 2 of 4 opens", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: s, MinRequests: 4}, seq(2, 2), true},
-		{"slow ratio 0.5: 1 of 4 stays", descriptors.Breaker{Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: s, MinRequests: 4}, seq(1, 3), false},
-		{"min requests: 4 bad of min 5 stays", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5, MinRequests: 5}, seq(4, 0), false},
-		{"min requests: 5th observation opens", descriptors.Breaker{Strategy: "error_ratio", Threshold: 0.5, MinRequests: 5}, seq(3, 2), true},
-		{"count 3: 2 errors stay", descriptors.Breaker{Strategy: "error_count", Threshold: 3}, seq(2, 50), false},
-		{"count 3: 3 errors open", descriptors.Breaker{Strategy: "error_count", Threshold: 3}, seq(3, 50), true},
-		{"count 3 with min 10: 3 of 5 stays", descriptors.Breaker{Strategy: "error_count", Threshold: 3, MinRequests: 10}, seq(3, 2), false},
+		{"ratio 0.3: 3 of 10 opens", "strategy: error_ratio, threshold: 0.3, min_requests: 10", seq(3, 7), true},
+		{"ratio 0.3: 2 of 10 stays", "strategy: error_ratio, threshold: 0.3, min_requests: 10", seq(2, 8), false},
+		{"ratio 1: all bad opens", "strategy: error_ratio, threshold: 1, min_requests: 3", seq(3, 0), true},
+		{"ratio 1: one good stays", "strategy: error_ratio, threshold: 1, min_requests: 3", seq(3, 1), false},
+		{"slow ratio 0.5: 2 of 4 opens", "strategy: slow_request_ratio, threshold: 0.5, max_response_time: 1s, min_requests: 4", seq(2, 2), true},
+		{"slow ratio 0.5: 1 of 4 stays", "strategy: slow_request_ratio, threshold: 0.5, max_response_time: 1s, min_requests: 4", seq(1, 3), false},
+		{"min requests: 4 bad of min 5 stays", "strategy: error_ratio, threshold: 0.5, min_requests: 5", seq(4, 0), false},
+		{"min requests: 5th observation opens", "strategy: error_ratio, threshold: 0.5, min_requests: 5", seq(3, 2), true},
+		{"count 3: 2 errors stay", "strategy: error_count, threshold: 3", seq(2, 50), false},
+		{"count 3: 3 errors open", "strategy: error_count, threshold: 3", seq(3, 50), true},
+		{"count 3 with min 10: 3 of 5 stays", "strategy: error_count, threshold: 3, min_requests: 10", seq(3, 2), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -365,7 +328,7 @@ func TestClockSteppingBack(t *testing.T) {
 }
 
 func TestErrorCountIgnoresSuccessesInWindow(t *testing.T) {
-	b := New(mustConfig(t, descriptors.Breaker{Strategy: "error_count", Threshold: 2, Window: 4 * s, Buckets: 4}), nil)
+	b := New(mustConfig(t, "strategy: error_count, threshold: 2, window: 4s, buckets: 4"), nil)
 	b.ObserveAt(0, Outcome{Status: 502})
 	b.ObserveAt(4*s, Outcome{Status: 502}) // the first has aged out
 	if b.State() != Closed {

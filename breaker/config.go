@@ -1,147 +1,18 @@
 package breaker
 
 import (
-	"errors"
-	"fmt"
 	"slices"
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
-	"github.com/leapgate/leapgate/window"
 )
 
-// Strategy is how a breaker decides that its upstream is unhealthy.
-type Strategy uint8
-
-// Strategies of a breaker, named in YAML as slow_request_ratio, error_ratio
-// and error_count.
-const (
-	// SlowRequestRatio opens when the share of requests slower than
-	// MaxResponseTime (or aborted) reaches Threshold.
-	SlowRequestRatio Strategy = iota + 1
-	// ErrorRatio opens when the share of failed requests reaches Threshold.
-	ErrorRatio
-	// ErrorCount opens when the number of failed requests in the window
-	// reaches Threshold.
-	ErrorCount
-)
-
-// String returns the YAML name of the strategy.
-func (s Strategy) String() string {
-	switch s {
-	case SlowRequestRatio:
-		return "slow_request_ratio"
-	case ErrorRatio:
-		return "error_ratio"
-	case ErrorCount:
-		return "error_count"
-	}
-	return fmt.Sprintf("Strategy(%d)", uint8(s))
-}
-
-// ParseStrategy returns the Strategy named s.
-func ParseStrategy(s string) (Strategy, error) {
-	switch s {
-	case "slow_request_ratio":
-		return SlowRequestRatio, nil
-	case "error_ratio":
-		return ErrorRatio, nil
-	case "error_count":
-		return ErrorCount, nil
-	}
-	return 0, fmt.Errorf("unknown circuit breaker strategy %q (want slow_request_ratio, error_ratio or error_count)", s)
-}
-
-// Defaults applied by NewConfig to fields the circuit_breaker block leaves
-// at zero (the same as the YAML loader's); a zero ProbeTimeout defaults to
-// the OpenDuration.
-const (
-	DefaultWindow         = 10 * time.Second
-	DefaultBuckets        = 10
-	DefaultOpenDuration   = 5 * time.Second
-	DefaultHalfOpenProbes = 1
-)
-
-// Config is a validated breaker configuration with defaults applied.
+// Config is what a breaker runs: a circuit_breaker block as the rule loader
+// validated it, defaults applied (descriptors.Breaker: strategy, threshold,
+// statistics window, open duration, probes). It adds the behaviour: which
+// outcomes fail and when the failures open the breaker.
 type Config struct {
-	Strategy        Strategy
-	Threshold       float64
-	MaxResponseTime time.Duration
-	ErrorStatuses   []int // sorted; empty means every status >= 500
-	MinRequests     uint64
-	Spec            window.Spec
-	OpenDuration    time.Duration
-	HalfOpenProbes  uint32
-	ProbeTimeout    time.Duration
-}
-
-// NewConfig validates the circuit_breaker block b and applies the defaults
-// to its zero fields.
-func NewConfig(b descriptors.Breaker) (Config, error) {
-	strategy, err := ParseStrategy(b.Strategy)
-	if err != nil {
-		return Config{}, err
-	}
-	c := Config{
-		Strategy:        strategy,
-		Threshold:       b.Threshold,
-		MaxResponseTime: b.MaxResponseTime,
-		ErrorStatuses:   slices.Sorted(slices.Values(b.ErrorStatuses)),
-		MinRequests:     b.MinRequests,
-		OpenDuration:    b.OpenDuration,
-		HalfOpenProbes:  b.HalfOpenProbes,
-		ProbeTimeout:    b.ProbeTimeout,
-	}
-	switch strategy {
-	case SlowRequestRatio, ErrorRatio:
-		if !(b.Threshold > 0 && b.Threshold <= 1) {
-			return Config{}, fmt.Errorf("threshold %v of %s must be a ratio in (0, 1]", b.Threshold, strategy)
-		}
-	case ErrorCount:
-		if b.Threshold < 1 {
-			return Config{}, fmt.Errorf("threshold %v of error_count must be at least 1", b.Threshold)
-		}
-	}
-	if strategy == SlowRequestRatio && b.MaxResponseTime <= 0 {
-		return Config{}, errors.New("slow_request_ratio needs a positive max_response_time")
-	}
-	if b.MaxResponseTime < 0 || b.OpenDuration < 0 || b.ProbeTimeout < 0 || b.Window < 0 || b.Buckets < 0 {
-		return Config{}, errors.New("durations and bucket count must not be negative")
-	}
-	for _, s := range c.ErrorStatuses {
-		if s < 100 || s > 599 {
-			return Config{}, fmt.Errorf("error status %d is not an HTTP status", s)
-		}
-	}
-	length, buckets := b.Window, b.Buckets
-	if length == 0 {
-		length = DefaultWindow
-	}
-	if buckets == 0 {
-		buckets = DefaultBuckets
-		if int64(length)%int64(buckets) != 0 {
-			buckets = 1 // never silently: NewSpec below still demands divisibility
-			for _, k := range []int{10, 8, 5, 4, 2} {
-				if int64(length)%int64(k) == 0 {
-					buckets = k
-					break
-				}
-			}
-		}
-	}
-	if c.Spec, err = window.NewSpec(length, buckets); err != nil {
-		return Config{}, fmt.Errorf("statistics window: %w", err)
-	}
-	if c.OpenDuration == 0 {
-		c.OpenDuration = DefaultOpenDuration
-	}
-	if c.HalfOpenProbes == 0 {
-		c.HalfOpenProbes = DefaultHalfOpenProbes
-	}
-	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = c.OpenDuration
-	}
-	return c, nil
+	descriptors.Breaker
 }
 
 // Equal reports whether two configurations describe the same breaker.
@@ -176,7 +47,7 @@ func (c Config) Failed(o Outcome) bool {
 	if o.Aborted {
 		return true
 	}
-	if c.Strategy == SlowRequestRatio {
+	if c.Strategy == descriptors.SlowRequestRatio {
 		return o.ResponseTime > c.MaxResponseTime
 	}
 	if o.Error {
@@ -195,7 +66,7 @@ func (c Config) tripped(failed, total uint64) bool {
 	if total == 0 || total < c.MinRequests {
 		return false
 	}
-	if c.Strategy == ErrorCount {
+	if c.Strategy == descriptors.ErrorCount {
 		return float64(failed) >= c.Threshold
 	}
 	return float64(failed)/float64(total) >= c.Threshold-1e-9

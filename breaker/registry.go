@@ -129,29 +129,13 @@ func (r *Registry) Clock() window.Clock { return r.clock }
 // Mapping returns the registry's observation-to-entries mapping.
 func (r *Registry) Mapping() Mapping { return r.mapping }
 
-// CheckRules reports the breaker rules of set that SetRules would skip:
-// each rule whose circuit_breaker block is invalid, as errors.Join of one
-// error per rule. Call it with the rule sink's other checks so that a set
-// is taken or rejected whole.
-func (r *Registry) CheckRules(set *descriptors.Set) error {
-	var errs []error
-	for _, rule := range set.Rules() {
-		if rule.Breaker == nil {
-			continue
-		}
-		if _, err := NewConfig(*rule.Breaker); err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: circuit_breaker of %s: %w", rule.File, rule.Line, rule.ID, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // SetRules replaces the breaker rules with those of set that carry a
 // Breaker (call it with every newly loaded set). A rule whose ID, path,
 // share_threshold and breaker configuration are unchanged keeps its
-// breakers and their state; the breakers of other rules start closed. A
-// rule with an invalid circuit_breaker block is skipped and reported in the
-// returned error; the valid ones take effect.
+// breakers and their state; the breakers of other rules start closed. The
+// blocks come validated from the rule loader; a duplicate rule ID (possible
+// only in a Set not built by it) is skipped and reported in the returned
+// error, the other rules take effect.
 func (r *Registry) SetRules(set *descriptors.Set) error {
 	r.swap.Lock()
 	defer r.swap.Unlock()
@@ -162,11 +146,7 @@ func (r *Registry) SetRules(set *descriptors.Set) error {
 		if rule.Breaker == nil {
 			continue
 		}
-		cfg, err := NewConfig(*rule.Breaker)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: circuit_breaker of %s: %w", rule.File, rule.Line, rule.ID, err))
-			continue
-		}
+		cfg := Config{Breaker: *rule.Breaker}
 		rb := old.byID[rule.ID]
 		if rb == nil || !rb.cfg.Equal(cfg) || !slices.Equal(rb.path, rule.Path) || rb.rule.ShareThreshold != rule.ShareThreshold {
 			rb = r.newRuleBreakers(rule, cfg)

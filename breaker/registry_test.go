@@ -266,31 +266,6 @@ func TestSetRulesKeepsUnchangedState(t *testing.T) {
 	}
 }
 
-func TestCheckAndSetRulesReportInvalidBreaker(t *testing.T) {
-	r, err := NewRegistry(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A Rule built by hand with an indivisible window (the loader would
-	// have rejected it): skipped and reported, the others apply.
-	set := parseSet(t, rulesYAML)
-	bad := *set.Rule("breaker.destination_cluster_orders").Breaker
-	bad.Window, bad.Buckets = 10*s, 3
-	set.Rule("breaker.destination_cluster_orders").Breaker = &bad
-	if err := r.CheckRules(set); err == nil || !strings.Contains(err.Error(), "rules.yaml") || !strings.Contains(err.Error(), "not divisible") {
-		t.Errorf("CheckRules error = %v", err)
-	}
-	if got := len(r.Snapshot()); got != 0 {
-		t.Errorf("CheckRules applied rules: %d breakers", got)
-	}
-	if err := r.SetRules(set); err == nil || !strings.Contains(err.Error(), "destination_cluster_orders") {
-		t.Errorf("SetRules error = %v", err)
-	}
-	if got := len(r.Snapshot()); got != 1 {
-		t.Errorf("breakers after a bad rule = %d, want the valid single one", got)
-	}
-}
-
 func TestAllowWithoutBreaker(t *testing.T) {
 	r, _, set := newTestRegistry(t, rulesYAML, Options{})
 	es := entries("destination_cluster", "payments")

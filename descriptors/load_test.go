@@ -112,17 +112,24 @@ func TestParseExtensions(t *testing.T) {
 		t.Errorf("unlimited rule = %+v, names %v", everyone, everyone.Names())
 	}
 
+	spec := func(length time.Duration, buckets int) window.Spec {
+		sp, err := window.NewSpec(length, buckets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sp
+	}
 	wantSlow := &Breaker{
-		Strategy: "slow_request_ratio", Threshold: 0.5, MaxResponseTime: 250 * time.Millisecond,
-		MinRequests: 20, Window: 30 * time.Second, Buckets: 15, OpenDuration: 10 * time.Second,
+		Strategy: SlowRequestRatio, Threshold: 0.5, MaxResponseTime: 250 * time.Millisecond,
+		MinRequests: 20, Spec: spec(30*time.Second, 15), OpenDuration: 10 * time.Second,
 		HalfOpenProbes: 3, ProbeTimeout: 2 * time.Second,
 	}
 	if got := s.Rule("ext.upstream").Breaker; !reflect.DeepEqual(got, wantSlow) {
 		t.Errorf("upstream breaker = %+v, want %+v", got, wantSlow)
 	}
 	wantDefaults := &Breaker{
-		Strategy: "error_ratio", Threshold: 1, ErrorStatuses: []int{500, 503},
-		Window: 10 * time.Second, Buckets: 10, OpenDuration: 5 * time.Second,
+		Strategy: ErrorRatio, Threshold: 1, ErrorStatuses: []int{500, 503},
+		Spec: spec(DefaultBreakerWindow, DefaultBreakerBuckets), OpenDuration: DefaultBreakerOpenDuration,
 		HalfOpenProbes: 1, ProbeTimeout: 5 * time.Second,
 	}
 	if got := s.Rule("ext.flaky").Breaker; !reflect.DeepEqual(got, wantDefaults) {

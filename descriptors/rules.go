@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/leapgate/leapgate/window"
@@ -43,25 +44,73 @@ func (l Limit) Window() time.Duration {
 	return l.Unit.Duration() * time.Duration(m)
 }
 
-// Breaker is the circuit_breaker block of a descriptor: plain data, validated
-// by the loader, turned into a running breaker by package breaker.
+// BreakerStrategy is how a circuit breaker decides that its upstream is
+// unhealthy.
+type BreakerStrategy uint8
+
+// The strategies of a circuit_breaker block.
+const (
+	// SlowRequestRatio opens when the share of requests slower than
+	// MaxResponseTime (or aborted) reaches Threshold.
+	SlowRequestRatio BreakerStrategy = iota + 1
+	// ErrorRatio opens when the share of failed requests reaches Threshold.
+	ErrorRatio
+	// ErrorCount opens when the number of failed requests in the window
+	// reaches Threshold.
+	ErrorCount
+)
+
+// String returns the strategy's name in rule files.
+func (s BreakerStrategy) String() string {
+	switch s {
+	case SlowRequestRatio:
+		return "slow_request_ratio"
+	case ErrorRatio:
+		return "error_ratio"
+	case ErrorCount:
+		return "error_count"
+	}
+	return fmt.Sprintf("BreakerStrategy(%d)", uint8(s))
+}
+
+// parseBreakerStrategy returns the strategy String names.
+func parseBreakerStrategy(name string) (BreakerStrategy, bool) {
+	for s := SlowRequestRatio; s <= ErrorCount; s++ {
+		if s.String() == name {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// Defaults of the fields a circuit_breaker block leaves out; probe_timeout
+// defaults to the open duration.
+const (
+	DefaultBreakerWindow       = 10 * time.Second
+	DefaultBreakerBuckets      = 10
+	DefaultBreakerOpenDuration = 5 * time.Second
+	DefaultHalfOpenProbes      = 1
+)
+
+// Breaker is the circuit_breaker block of a descriptor, validated by the
+// loader (the only validator) with every default applied; package breaker
+// runs it.
 type Breaker struct {
-	// Strategy is "slow_request_ratio", "error_ratio" or "error_count".
-	Strategy string
+	// Strategy is slow_request_ratio, error_ratio or error_count.
+	Strategy BreakerStrategy
 	// Threshold is a ratio in (0,1] for the ratio strategies, a count for
 	// error_count.
 	Threshold float64
 	// MaxResponseTime is the response time above which a request is slow.
 	MaxResponseTime time.Duration
-	// ErrorStatuses lists the HTTP statuses counted as errors; empty means
-	// every status >= 500. Aborted requests always count as errors.
+	// ErrorStatuses lists the HTTP statuses counted as errors, sorted; empty
+	// means every status >= 500. Aborted requests always count as errors.
 	ErrorStatuses []int
 	// MinRequests is the least number of observations in the window before
 	// the breaker may open.
 	MinRequests uint64
-	// Window and Buckets are the statistics window and its bucket count.
-	Window  time.Duration
-	Buckets int
+	// Spec is the statistics window and its bucket count.
+	Spec window.Spec
 	// OpenDuration is how long the breaker stays open before half-opening.
 	OpenDuration time.Duration
 	// HalfOpenProbes is the most requests admitted while half-open; all must

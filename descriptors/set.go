@@ -171,7 +171,7 @@ func (s *Set) Dump() string {
 				fmt.Fprintf(&b, " max_response_time=%s", br.MaxResponseTime)
 			}
 			fmt.Fprintf(&b, " min_requests=%d window=%s buckets=%d open_duration=%s half_open_probes=%d probe_timeout=%s}",
-				br.MinRequests, br.Window, br.Buckets, br.OpenDuration, br.HalfOpenProbes, br.ProbeTimeout)
+				br.MinRequests, br.Spec.Length(), br.Spec.Buckets(), br.OpenDuration, br.HalfOpenProbes, br.ProbeTimeout)
 		}
 		b.WriteString("\n")
 	}

@@ -7,8 +7,8 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
-	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -29,14 +29,6 @@ var (
 	replacesFields = []string{"name"}
 	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",
 		"window", "buckets", "open_duration", "half_open_probes", "probe_timeout"}
-)
-
-// Circuit breaker defaults, applied when the field is absent.
-const (
-	defaultBreakerWindow       = 10 * time.Second
-	defaultBreakerBuckets      = 10
-	defaultBreakerOpenDuration = 5 * time.Second
-	defaultHalfOpenProbes      = 1
 )
 
 // reader turns one YAML rule file into a rawFile, collecting errors.
@@ -272,30 +264,20 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 	return l
 }
 
-// Breaker strategies.
-const (
-	strategySlowRatio  = "slow_request_ratio"
-	strategyErrorRatio = "error_ratio"
-	strategyErrorCount = "error_count"
-)
-
 // breaker reads and validates a circuit_breaker block, filling defaults.
 func (r *reader) breaker(n *yaml.Node) *Breaker {
-	b := &Breaker{
-		Window:         defaultBreakerWindow,
-		Buckets:        defaultBreakerBuckets,
-		OpenDuration:   defaultBreakerOpenDuration,
-		HalfOpenProbes: defaultHalfOpenProbes,
-	}
+	b := &Breaker{OpenDuration: DefaultBreakerOpenDuration, HalfOpenProbes: DefaultHalfOpenProbes}
+	length, buckets := DefaultBreakerWindow, DefaultBreakerBuckets
 	lines := map[string]int{}
 	valid := true
+	var strategy string
 	var probeTimeoutSet, thresholdSet bool
 	r.fields(n, breakerFields, func(name string, key, val *yaml.Node) {
 		lines[name] = val.Line
 		ok := true
 		switch name {
 		case "strategy":
-			b.Strategy, ok = r.str(name, val)
+			strategy, ok = r.str(name, val)
 		case "threshold":
 			if val.Kind != yaml.ScalarNode || val.Decode(&b.Threshold) != nil || math.IsNaN(b.Threshold) {
 				r.errorf(val.Line, "config error, threshold must be a number, got %s", describe(val))
@@ -323,14 +305,15 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 				}
 				b.ErrorStatuses = append(b.ErrorStatuses, s)
 			}
+			slices.Sort(b.ErrorStatuses)
 		case "min_requests":
 			b.MinRequests, ok = r.unsigned(name, val, math.MaxUint32)
 		case "window":
-			b.Window, ok = r.duration(name, val)
+			length, ok = r.duration(name, val)
 		case "buckets":
 			var u uint64
 			u, ok = r.unsigned(name, val, math.MaxInt32)
-			b.Buckets = int(u)
+			buckets = int(u)
 		case "open_duration":
 			b.OpenDuration, ok = r.duration(name, val)
 		case "half_open_probes":
@@ -344,43 +327,44 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 		valid = valid && ok
 	})
 	line := func(field string) int { return at(lines, field, n.Line) }
-	switch b.Strategy {
-	case strategySlowRatio:
-		if b.MaxResponseTime <= 0 && valid {
-			r.errorf(line("max_response_time"), "circuit_breaker: max_response_time is required for strategy slow_request_ratio")
-			valid = false
-		}
-		fallthrough
-	case strategyErrorRatio:
-		if thresholdSet && (b.Threshold <= 0 || b.Threshold > 1) {
-			r.errorf(line("threshold"), "circuit_breaker: threshold of a ratio strategy must be in (0,1], got %g", b.Threshold)
-			valid = false
-		}
-	case strategyErrorCount:
+	known := false
+	b.Strategy, known = parseBreakerStrategy(strategy)
+	switch {
+	case strategy == "":
+		r.errorf(line("strategy"), "circuit_breaker: strategy is required (slow_request_ratio, error_ratio or error_count)")
+		valid = false
+	case !known:
+		r.errorf(line("strategy"), "circuit_breaker: unknown strategy '%s' (want slow_request_ratio, error_ratio or error_count)", strategy)
+		valid = false
+	case b.Strategy == ErrorCount:
 		if thresholdSet && (b.Threshold < 1 || b.Threshold != math.Trunc(b.Threshold)) {
 			r.errorf(line("threshold"), "circuit_breaker: threshold of strategy error_count must be a whole number of at least 1, got %g", b.Threshold)
 			valid = false
 		}
-	case "":
-		r.errorf(line("strategy"), "circuit_breaker: strategy is required (slow_request_ratio, error_ratio or error_count)")
-		valid = false
-	default:
-		r.errorf(line("strategy"), "circuit_breaker: unknown strategy '%s' (want slow_request_ratio, error_ratio or error_count)", b.Strategy)
-		valid = false
+	default: // the ratio strategies
+		if b.Strategy == SlowRequestRatio && b.MaxResponseTime <= 0 && valid {
+			r.errorf(line("max_response_time"), "circuit_breaker: max_response_time is required for strategy slow_request_ratio")
+			valid = false
+		}
+		if thresholdSet && (b.Threshold <= 0 || b.Threshold > 1) {
+			r.errorf(line("threshold"), "circuit_breaker: threshold of a ratio strategy must be in (0,1], got %g", b.Threshold)
+			valid = false
+		}
 	}
-	if !thresholdSet && b.Strategy != "" {
+	if !thresholdSet && strategy != "" {
 		r.errorf(line("threshold"), "circuit_breaker: threshold is required")
 		valid = false
 	}
-	if b.Strategy != strategySlowRatio && lines["max_response_time"] > 0 {
+	if b.Strategy != SlowRequestRatio && lines["max_response_time"] > 0 {
 		r.errorf(line("max_response_time"), "circuit_breaker: max_response_time applies only to strategy slow_request_ratio")
 		valid = false
 	}
-	if _, set := lines["buckets"]; set && b.Buckets < 1 {
-		r.errorf(line("buckets"), "circuit_breaker: buckets must be at least 1, got %d", b.Buckets)
+	if _, set := lines["buckets"]; set && buckets < 1 {
+		r.errorf(line("buckets"), "circuit_breaker: buckets must be at least 1, got %d", buckets)
 		valid = false
-	} else if b.Window > 0 {
-		if _, err := window.NewSpec(b.Window, b.Buckets); err != nil {
+	} else if length > 0 {
+		spec, err := window.NewSpec(length, buckets)
+		if err != nil {
 			field := "buckets"
 			if _, set := lines["buckets"]; !set {
 				field = "window"
@@ -388,6 +372,7 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 			r.errorf(line(field), "circuit_breaker: %v", err)
 			valid = false
 		}
+		b.Spec = spec
 	}
 	if _, set := lines["half_open_probes"]; set && b.HalfOpenProbes < 1 {
 		r.errorf(line("half_open_probes"), "circuit_breaker: half_open_probes must be at least 1")

@@ -557,7 +557,7 @@ func TestEndToEndDemo(t *testing.T) {
 		e.t = t
 		rule := e.breakerOf("api", "destination_cluster")
 		b := rule.Breaker
-		if b.Strategy != "error_ratio" {
+		if b.Strategy != descriptors.ErrorRatio {
 			t.Fatalf("cluster breaker strategy %s, want error_ratio", b.Strategy)
 		}
 		// The window already holds the successful (slow) checkout

@@ -38,22 +38,23 @@ type ruleSink interface {
 }
 
 // ruleTargets hands each rule set to the rate-limit service and the
-// circuit-breaker registry: both check it before either takes it.
+// circuit-breaker registry. The service checks it (the registry takes every
+// set the loader built).
 type ruleTargets struct {
 	service  *service.Service
 	breakers *breaker.Registry
 }
 
-// CheckRules reports what either target could not serve.
+// CheckRules reports what the service could not serve.
 func (t ruleTargets) CheckRules(set *descriptors.Set) error {
-	return errors.Join(t.service.CheckRules(set), t.breakers.CheckRules(set))
+	return t.service.CheckRules(set)
 }
 
 // SetRules swaps set in: breakers first, so that the service never
 // consults a breaker rule the registry does not know yet. Rules with
 // unchanged breakers keep their state.
 func (t ruleTargets) SetRules(set *descriptors.Set) {
-	// CheckRules passed, so the registry accepts every breaker.
+	// Sets come from the loader, whose rule IDs are unique: nothing to skip.
 	_ = t.breakers.SetRules(set)
 	t.service.SetRules(set)
 }
