@@ -246,8 +246,7 @@ func (s *Store) takeBack(ctx context.Context, reqs []window.Request, results []w
 	}
 	for _, i := range undo {
 		r := &results[i]
-		r.Recorded = false
-		r.Remaining = min(r.Remaining+reqs[i].Hits, min(reqs[i].Limit, maxLimit))
+		r.Unrecord(&reqs[i])
 	}
 	return nil
 }

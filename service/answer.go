@@ -110,8 +110,7 @@ func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result
 			// Report the quota as if the hits had not been recorded. The
 			// reset stays an upper bound (the undone hits were the newest),
 			// except that a window left empty has nothing to age out.
-			r.Recorded = false
-			r.Remaining = min(r.Remaining+sc.reqs[j].Hits, sc.reqs[j].Limit)
+			r.Unrecord(&sc.reqs[j])
 			if r.Remaining == sc.reqs[j].Limit {
 				r.Reset = 0
 			}

@@ -110,6 +110,14 @@ type Result struct {
 	Bucket int64
 }
 
+// Unrecord marks r, the answer to req, as not recorded and gives req's hits
+// back to Remaining, at most the limit (clamped to MaxLimit): how an answer
+// reads once its hits have been taken back (Limiter.Undo, a vetoed batch).
+func (r *Result) Unrecord(req *Request) {
+	r.Recorded = false
+	r.Remaining = min(r.Remaining+req.Hits, min(req.Limit, MaxLimit))
+}
+
 // AlgorithmChecker is implemented by a Limiter that can say which
 // algorithms it serves. A distributed backend whose scripts do not have
 // every Algorithm must implement it, so that rules asking for the others are

@@ -191,8 +191,7 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 				continue
 			}
 			s.undo(&reqs[i], r.Bucket)
-			r.Recorded = false
-			r.Remaining = min(r.Remaining+reqs[i].Hits, min(reqs[i].Limit, MaxLimit))
+			r.Unrecord(&reqs[i])
 		}
 	}
 	return nil

@@ -206,3 +206,22 @@ func TestStoreDoesNotRetainKeys(t *testing.T) {
 		copy(buf, "key-a")
 	}
 }
+
+// TestResultUnrecord: an answer whose hits were taken back reads as if they
+// had never been recorded, its remaining quota never above the limit.
+func TestResultUnrecord(t *testing.T) {
+	for _, tc := range []struct {
+		remaining, hits, limit, want uint64
+	}{
+		{0, 3, 10, 3},
+		{7, 3, 10, 10},
+		{9, 3, 10, 10},                       // a refund in between left more room
+		{MaxLimit - 1, 5, 1 << 40, MaxLimit}, // limits above MaxLimit are MaxLimit
+	} {
+		r := Result{Allowed: true, Recorded: true, Remaining: tc.remaining}
+		r.Unrecord(&Request{Hits: tc.hits, Limit: tc.limit})
+		if r.Recorded || !r.Allowed || r.Remaining != tc.want {
+			t.Errorf("%+v: %+v, want unrecorded, allowed, remaining %d", tc, r, tc.want)
+		}
+	}
+}
