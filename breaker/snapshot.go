@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// BreakerSnapshot describes one breaker for the /breakers debug endpoint.
-type BreakerSnapshot struct {
+// Snapshot describes one breaker for the /breakers debug endpoint.
+type Snapshot struct {
 	Rule   string `json:"rule"`
 	Domain string `json:"domain"`
 	// Resource lists the distinct values of a value-less or wildcard rule's
@@ -34,11 +34,11 @@ type BreakerSnapshot struct {
 // Snapshot lists every breaker with its state and window statistics,
 // ordered by rule ID and resource, after applying the transitions due by
 // now (an open breaker past its open_duration shows as half-open).
-func (r *Registry) Snapshot() []BreakerSnapshot { return r.SnapshotAt(r.clock.Now()) }
+func (r *Registry) Snapshot() []Snapshot { return r.SnapshotAt(r.clock.Now()) }
 
 // SnapshotAt is Snapshot at the given time.
-func (r *Registry) SnapshotAt(now time.Duration) []BreakerSnapshot {
-	out := []BreakerSnapshot{}
+func (r *Registry) SnapshotAt(now time.Duration) []Snapshot {
+	out := []Snapshot{}
 	for _, rb := range r.table.Load().list {
 		if rb.single != nil {
 			out = append(out, rb.snapshot(now, "", rb.single))
@@ -50,7 +50,7 @@ func (r *Registry) SnapshotAt(now time.Duration) []BreakerSnapshot {
 		}
 		rb.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b BreakerSnapshot) int {
+	slices.SortFunc(out, func(a, b Snapshot) int {
 		if c := strings.Compare(a.Rule, b.Rule); c != 0 {
 			return c
 		}
@@ -59,9 +59,9 @@ func (r *Registry) SnapshotAt(now time.Duration) []BreakerSnapshot {
 	return out
 }
 
-func (rb *ruleBreakers) snapshot(now time.Duration, resource string, b *Breaker) BreakerSnapshot {
+func (rb *ruleBreakers) snapshot(now time.Duration, resource string, b *Breaker) Snapshot {
 	c := rb.cfg
-	s := BreakerSnapshot{
+	s := Snapshot{
 		Rule: rb.id, Domain: rb.domain, Resource: resource,
 		Strategy: c.Strategy.String(), Threshold: c.Threshold, MinRequests: c.MinRequests,
 		Window: c.Spec.Length().String(), Buckets: c.Spec.Buckets(),
@@ -92,7 +92,7 @@ func (r *Registry) Handler() http.Handler {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(struct {
-			Breakers []BreakerSnapshot `json:"breakers"`
+			Breakers []Snapshot `json:"breakers"`
 		}{Breakers: r.Snapshot()})
 	})
 }

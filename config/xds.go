@@ -9,10 +9,10 @@ import (
 
 // Rule sources accepted by CONFIG_TYPE.
 const (
-	// ConfigFile reads rules from the rule directory and reloads them on change.
-	ConfigFile = "FILE"
-	// ConfigXDS subscribes to rules from an xDS management server (SotW ADS).
-	ConfigXDS = "GRPC_XDS_SOTW"
+	// SourceFile reads rules from the rule directory and reloads them on change.
+	SourceFile = "FILE"
+	// SourceXDS subscribes to rules from an xDS management server (SotW ADS).
+	SourceXDS = "GRPC_XDS_SOTW"
 )
 
 // XDS holds the settings of the xDS rule source (CONFIG_TYPE=GRPC_XDS_SOTW),
@@ -62,11 +62,11 @@ func (x XDS) Metadata() (map[string]string, error) {
 func (x XDS) Validate() error {
 	var errs []error
 	switch x.ConfigType {
-	case ConfigFile:
+	case SourceFile:
 		return nil
-	case ConfigXDS:
+	case SourceXDS:
 	default:
-		return fmt.Errorf("CONFIG_TYPE: %q is neither %s nor %s", x.ConfigType, ConfigFile, ConfigXDS)
+		return fmt.Errorf("CONFIG_TYPE: %q is neither %s nor %s", x.ConfigType, SourceFile, SourceXDS)
 	}
 	if x.ServerURL == "" {
 		errs = append(errs, errors.New("CONFIG_GRPC_XDS_SERVER_URL: must be set when CONFIG_TYPE=GRPC_XDS_SOTW"))

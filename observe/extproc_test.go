@@ -174,7 +174,7 @@ func (e *breakerEnv) extProc() extprocv3.ExternalProcessorClient {
 }
 
 // stats returns the snapshot of the breakers of rule.
-func (e *breakerEnv) stats(rule string) breaker.BreakerSnapshot {
+func (e *breakerEnv) stats(rule string) breaker.Snapshot {
 	e.t.Helper()
 	for _, b := range e.reg.Snapshot() {
 		if b.Rule == rule {
@@ -182,7 +182,7 @@ func (e *breakerEnv) stats(rule string) breaker.BreakerSnapshot {
 		}
 	}
 	e.t.Fatalf("no breaker for %s", rule)
-	return breaker.BreakerSnapshot{}
+	return breaker.Snapshot{}
 }
 
 // eventually polls cond (for effects of a stream the test cannot join on,

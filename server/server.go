@@ -121,7 +121,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		metrics:  s.metrics,
 		logger:   logger,
 	}
-	if settings.XDS.ConfigType == config.ConfigXDS {
+	if settings.XDS.ConfigType == config.SourceXDS {
 		s.rules.xds = &settings.XDS
 	}
 	if err := s.rules.loadInitial(); err != nil {

@@ -47,7 +47,7 @@ func TestRulesFromXDS(t *testing.T) {
 	}
 
 	ts := start(t, nil, func(s *config.Settings) {
-		s.XDS.ConfigType, s.XDS.ServerURL, s.XDS.NodeID = config.ConfigXDS, lis.Addr().String(), "leapgate-e2e"
+		s.XDS.ConfigType, s.XDS.ServerURL, s.XDS.NodeID = config.SourceXDS, lis.Addr().String(), "leapgate-e2e"
 	})
 	cc := ts.conn(t)
 	if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {

@@ -7,11 +7,8 @@ import (
 )
 
 // Breakers reports whether circuit breakers let a request through. It is
-// implemented by package breaker; a nil Breakers in Options means none.
-//
-// NOTE to the service engineer: this file is the agreed contract (it replaces
-// the Breakers interface sketched in your task, adding entries so value-less
-// breaker rules get one breaker per distinct value). Use it; do not redeclare.
+// implemented by package breaker; a nil Breakers in Options means none. The
+// entries let a value-less breaker rule keep one breaker per distinct value.
 type Breakers interface {
 	// Allow reports whether the breaker of rule, for the request's entries
 	// (which matched rule), admits a request now and, if not, how long until

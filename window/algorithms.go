@@ -15,9 +15,9 @@ const (
 	// of length Spec.Length() (no boundary burst) and gives up less than
 	// one block, ceil(limit/Blocks) hits, of the capacity an exact sliding
 	// log would admit, whatever the traffic shape; for a limit of at most
-	// Blocks it is the exact sliding log, up to TickLength. 240 bytes per
-	// key whatever the limit; see Counter. The Spec's bucket count is
-	// ignored.
+	// ExactLimit it is the exact sliding log, and up to Blocks the exact log
+	// with times rounded up to TickLength. 256 bytes per key whatever the
+	// limit; see Counter. The Spec's bucket count is ignored.
 	SlidingWindow Algorithm = iota
 	// TokenBucket is GCRA: a bucket of limit tokens refilled at limit per
 	// Spec.Length(), one timestamp per key. A full bucket admits a burst of

@@ -8,7 +8,7 @@
 // # The default: full capacity, zero overshoot
 //
 // The default algorithm, SlidingWindow, is served by Counter, a
-// count-quantised checkpoint log in 240 bytes per key: admitted hits are
+// count-quantised checkpoint log in 256 bytes per key: admitted hits are
 // grouped, in arrival order, into blocks of ceil(limit/Blocks), and each
 // closed block keeps only the time of its newest hit. Its estimate of the
 // hits in (now-W, now] is never below the real count (so in any window of

@@ -31,9 +31,9 @@ const MaxLogLimit = 10_000
 // ever dropped (a limit lowered and raised again still sees them).
 //
 // Memory is 8 bytes per unit of limit plus a fixed header, whatever the
-// traffic (BenchmarkBytesPerKey): the choice for small limits (5 per minute per user, 10 per second
-// per IP) that must be exact; the bucketed Counter keeps its size whatever
-// the limit. A clock that steps back is treated as standing still (the
+// traffic (BenchmarkBytesPerKey). The default Counter is the same exact log
+// up to ExactLimit in a fixed size, so a LogCounter is only for larger limits
+// that need nanosecond timestamps. A clock that steps back is treated as standing still (the
 // newest time seen is used), so counts are never dropped and the log never
 // fails open.
 type LogCounter struct {

@@ -71,10 +71,10 @@ type StoreOption func(*Store)
 // from other shards whose locks are free. Under contention the bound may be
 // exceeded briefly by a few keys. n <= 0 means no bound (the default).
 //
-// A sliding-window key costs about 310 bytes with its map entry and a
-// 24-byte key (BenchmarkBytesPerKey); TestStoreBoundedMemory streams 1,000,000 distinct
-// keys through WithMaxKeys(20000) and checks that the heap grows by less
-// than 16 MiB (about 6.4 MB measured) while a hot key's limit holds.
+// The memory of one key is measured by BenchmarkBytesPerKey;
+// TestStoreBoundedMemory streams 1,000,000 distinct keys through
+// WithMaxKeys(20000) and checks that the heap stays within its bound while a
+// hot key's limit holds.
 func WithMaxKeys(n int) StoreOption {
 	return func(s *Store) { s.maxKeys = int64(n) }
 }
