@@ -147,7 +147,7 @@ type Settings struct {
 
 	// MaxKeys bounds the number of counters the in-memory backend holds;
 	// beyond it the least recently used is evicted (counted in
-	// ratelimit_memory_evictions_total). 0 means no bound.
+	// leapgate_memory_evictions_total). 0 means no bound.
 	MaxKeys int `envconfig:"MAX_KEYS" default:"1000000"`
 	// SweepInterval is how often the in-memory backend reclaims counters
 	// with nothing left inside their window.

@@ -44,15 +44,15 @@ func newMemoryBackend(s config.Settings, reg prometheus.Registerer) backend {
 	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ratelimit_memory_keys",
+			Name: "leapgate_memory_keys",
 			Help: "Counters held by the in-memory backend.",
 		}, stat(func(st window.StoreStats) float64 { return float64(st.Keys) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimit_memory_evictions_total",
+			Name: "leapgate_memory_evictions_total",
 			Help: "Counters evicted (least recently used) because MAX_KEYS was reached; their hits are forgotten.",
 		}, stat(func(st window.StoreStats) float64 { return float64(st.Evictions) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratelimit_memory_reclaims_total",
+			Name: "leapgate_memory_reclaims_total",
 			Help: "Idle counters (nothing inside their window) reclaimed by the sweep.",
 		}, stat(func(st window.StoreStats) float64 { return float64(st.Reclaims) })),
 	)

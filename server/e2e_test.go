@@ -187,10 +187,10 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatalf("/metrics = %d", code)
 	}
 	for _, want := range []string{
-		`ratelimit_grpc_server_handling_seconds_count{code="OK",method="/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"} 1`,
+		`leapgate_grpc_server_handling_seconds_count{code="OK",method="/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"} 1`,
 		"ratelimit_config_load_success_total 1",
 		"ratelimit_config_load_error_total 0",
-		"ratelimit_memory_keys 1",
+		"leapgate_memory_keys 1",
 		"go_goroutines ",
 		"process_start_time_seconds ",
 		"ratelimit_service_rate_limit_total_hits",

@@ -58,10 +58,10 @@ func TestPanicIsRecovered(t *testing.T) {
 		t.Errorf("panicking /json = %d, want 500", code)
 	}
 	const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	if got := metricValue(t, ts, `ratelimit_panics_recovered_total{handler="`+method+`"}`); got != "1" {
+	if got := metricValue(t, ts, `leapgate_panics_recovered_total{handler="`+method+`"}`); got != "1" {
 		t.Errorf("gRPC panics counted = %q, want 1", got)
 	}
-	if got := metricValue(t, ts, `ratelimit_panics_recovered_total{handler="/json"}`); got != "1" {
+	if got := metricValue(t, ts, `leapgate_panics_recovered_total{handler="/json"}`); got != "1" {
 		t.Errorf("/json panics counted = %q, want 1", got)
 	}
 	// The process keeps serving.

@@ -25,14 +25,14 @@ type serverMetrics struct {
 func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 	m := &serverMetrics{
 		grpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "ratelimit_grpc_server_handling_seconds",
+			Name: "leapgate_grpc_server_handling_seconds",
 			Help: "Time to handle a gRPC call (for a stream: its whole life), by method and status code.",
 			// 50µs .. ~3.3s: an in-memory decision takes microseconds, a
 			// remote backend milliseconds.
 			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 9),
 		}, []string{"method", "code"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ratelimit_panics_recovered_total",
+			Name: "leapgate_panics_recovered_total",
 			Help: "Panics recovered in request handlers; the call failed with Internal (HTTP 500) and the process kept serving.",
 		}, []string{"handler"}),
 		configSuccess: prometheus.NewCounter(prometheus.CounterOpts{

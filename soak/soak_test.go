@@ -480,7 +480,7 @@ func TestSoak(t *testing.T) {
 		}
 		remaining[k.name] = resp.GetStatuses()[0].GetLimitRemaining()
 	}
-	panics := metricSum(t, reg, "ratelimit_panics_recovered_total")
+	panics := metricSum(t, reg, "leapgate_panics_recovered_total")
 	loadErrors := metricSum(t, reg, "ratelimit_config_load_error_total")
 	loadOK := metricSum(t, reg, "ratelimit_config_load_success_total")
 
