@@ -50,13 +50,14 @@ type AccessLog struct {
 	log *slog.Logger
 }
 
-// NewAccessLog returns the access-log handler feeding registry; logger nil
-// discards.
-func NewAccessLog(registry *breaker.Registry, logger *slog.Logger) *AccessLog {
+// NewAccessLog returns the access-log handler feeding opts.Registry (Clock
+// and After are not used: entries come with their own timings).
+func NewAccessLog(opts Options) *AccessLog {
+	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &AccessLog{reg: registry, log: logger}
+	return &AccessLog{reg: opts.Registry, log: logger}
 }
 
 // StreamAccessLogs consumes one access-log stream until Envoy closes it.

@@ -38,14 +38,6 @@ const (
 // sent when a breaker refuses a request in blocking mode.
 const CircuitOpenDetails = "circuit_breaker_open"
 
-// ExtProcOptions configure an ExtProc.
-type ExtProcOptions struct {
-	// After returns a channel that receives once d has passed (default
-	// time.After). Tests inject their own to fire the slow-request timer
-	// without sleeping.
-	After func(d time.Duration) <-chan time.Time
-}
-
 // ExtProc implements envoy.service.ext_proc.v3.ExternalProcessor: Envoy
 // opens one stream per HTTP request and sends its request headers, then its
 // response headers, on it. The time between the two on our monotonic clock
@@ -78,10 +70,10 @@ type ExtProc struct {
 	headers []string // request headers the registry's mapping uses
 }
 
-// NewExtProc returns the ext_proc handler feeding registry. clock should be
-// the registry's (nil: registry.Clock()); logger nil discards.
-func NewExtProc(registry *breaker.Registry, clock window.Clock, logger *slog.Logger, opts ExtProcOptions) *ExtProc {
-	p := &ExtProc{reg: registry, clock: clock, log: logger, after: opts.After}
+// NewExtProc returns the ext_proc handler feeding opts.Registry.
+func NewExtProc(opts Options) *ExtProc {
+	registry := opts.Registry
+	p := &ExtProc{reg: registry, clock: opts.Clock, log: opts.Logger, after: opts.After}
 	if p.clock == nil {
 		p.clock = registry.Clock()
 	}

@@ -138,7 +138,7 @@ func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 	if realTime {
 		after = nil
 	}
-	svc, err := service.New(service.Options{Limiter: window.NewStore(clock), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
+	svc, err := service.New(service.Options{Limiter: window.NewStore(window.StoreOptions{Clock: clock}), Registry: e.prom, Breakers: reg, DefaultBuckets: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,8 +150,8 @@ func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(srv, NewExtProc(reg, clock, nil, ExtProcOptions{After: after}))
-	accesslogv3.RegisterAccessLogServiceServer(srv, NewAccessLog(reg, nil))
+	extprocv3.RegisterExternalProcessorServer(srv, NewExtProc(Options{Registry: reg, Clock: clock, After: after}))
+	accesslogv3.RegisterAccessLogServiceServer(srv, NewAccessLog(Options{Registry: reg}))
 	rlsv3.RegisterRateLimitServiceServer(srv, svc)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()

@@ -108,7 +108,7 @@ func FuzzExtProc(f *testing.F) {
 	fired := make(chan time.Time, 1)
 	fired <- time.Time{}
 	close(fired)
-	p := NewExtProc(reg, nil, nil, ExtProcOptions{After: func(time.Duration) <-chan time.Time { return fired }})
+	p := NewExtProc(Options{Registry: reg, After: func(time.Duration) <-chan time.Time { return fired }})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel() // as gRPC does when the handler returns
@@ -161,7 +161,7 @@ func FuzzReport(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	h := NewReport(fuzzRegistry(f))
+	h := NewReport(Options{Registry: fuzzRegistry(f)})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/report", strings.NewReader(string(body))))

@@ -39,8 +39,9 @@ type Report struct {
 	reg *breaker.Registry
 }
 
-// NewReport returns the report handler feeding registry.
-func NewReport(registry *breaker.Registry) *Report { return &Report{reg: registry} }
+// NewReport returns the report handler feeding opts.Registry (only the
+// Registry is used).
+func NewReport(opts Options) *Report { return &Report{reg: opts.Registry} }
 
 type reportBody struct {
 	Resource       string            `json:"resource"`

@@ -39,7 +39,7 @@ func postReport(h http.Handler, method, body string) *httptest.ResponseRecorder 
 
 func TestReportValidation(t *testing.T) {
 	e := newBreakerEnv(t)
-	h := NewReport(e.reg)
+	h := NewReport(Options{Registry: e.reg})
 	tests := []struct {
 		body string
 		code int
@@ -84,7 +84,7 @@ func TestReportValidation(t *testing.T) {
 
 func TestReportFeedsBreakers(t *testing.T) {
 	e := newBreakerEnv(t)
-	h := NewReport(e.reg)
+	h := NewReport(Options{Registry: e.reg})
 	for _, body := range []string{
 		`{"resource":"orders","response_time":"5ms","status":200}`,
 		`{"resource":"orders","error":true}`,

@@ -60,7 +60,7 @@ func TestMatchesInMemoryStore(t *testing.T) {
 		}, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mem := window.NewStore(ft)
+			mem := window.NewStore(window.StoreOptions{Clock: ft})
 			reqFor := func(k int) window.Request {
 				d := tc.keys[k]
 				return window.Request{

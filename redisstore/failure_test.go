@@ -66,7 +66,7 @@ func TestFailureModes(t *testing.T) {
 		st.Timeout = time.Second
 		return newTestStore(t, st, opts)
 	}
-	local := window.NewStore(window.NewMonotonicClock())
+	local := window.NewStore(window.StoreOptions{})
 	errStore := mk(FailError, Options{Registry: reg})
 	allowStore := mk(FailAllow, Options{})
 	denyStore := mk(FailDeny, Options{})

@@ -38,7 +38,7 @@ func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logge
 // newMemoryBackend keeps every window in this process, bounded by MAX_KEYS
 // and swept of idle counters every SWEEP_INTERVAL.
 func newMemoryBackend(s config.Settings, reg prometheus.Registerer) backend {
-	store := window.NewStore(window.NewMonotonicClock(), window.WithMaxKeys(s.MaxKeys))
+	store := window.NewStore(window.StoreOptions{MaxKeys: s.MaxKeys})
 	stat := func(f func(window.StoreStats) float64) func() float64 {
 		return func() float64 { return f(store.Stats()) }
 	}

@@ -22,7 +22,7 @@ func CheckConfig(dir string, settings config.Settings, w io.Writer) bool {
 	if err == nil {
 		var svc *service.Service
 		svc, err = service.New(service.Options{
-			Limiter:        window.NewStore(window.NewMonotonicClock()),
+			Limiter:        window.NewStore(window.StoreOptions{}),
 			Registry:       prometheus.NewRegistry(),
 			DefaultBuckets: settings.WindowBuckets,
 			NearLimitRatio: settings.NearLimitRatio,

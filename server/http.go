@@ -22,7 +22,7 @@ func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.Handle("/json", s.recoverHTTP("/json", http.HandlerFunc(s.handleJSON)))
-	mux.Handle("/report", s.recoverHTTP("/report", observe.NewReport(s.breakers)))
+	mux.Handle("/report", s.recoverHTTP("/report", observe.NewReport(observe.Options{Registry: s.breakers})))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		Registry:          s.registry,
 		ErrorLog:          slogPrinter{s},

@@ -204,8 +204,8 @@ func (s *Server) buildGRPC() error {
 	}
 	s.grpc = grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
-	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(s.breakers, s.clock, s.logger, observe.ExtProcOptions{}))
-	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(s.breakers, s.logger))
+	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger}))
+	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(observe.Options{Registry: s.breakers, Logger: s.logger}))
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	reflection.Register(s.grpc)
 	return nil

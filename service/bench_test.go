@@ -51,7 +51,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		{"100k-keys", keyReqs},
 	}
 	b.Run("one-descriptor-parallel", func(b *testing.B) {
-		svc, err := New(Options{Limiter: window.NewStore(window.NewMonotonicClock()), Registry: prometheus.NewRegistry()})
+		svc, err := New(Options{Limiter: window.NewStore(window.StoreOptions{}), Registry: prometheus.NewRegistry()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			svc, err := New(Options{
-				Limiter:  window.NewStore(window.NewMonotonicClock()),
+				Limiter:  window.NewStore(window.StoreOptions{}),
 				Registry: prometheus.NewRegistry(),
 			})
 			if err != nil {

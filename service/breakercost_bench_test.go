@@ -61,7 +61,7 @@ func BenchmarkShouldRateLimitBreakerCost(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				clock := window.NewMonotonicClock()
-				opts := Options{Limiter: window.NewStore(clock), Registry: prometheus.NewRegistry()}
+				opts := Options{Limiter: window.NewStore(window.StoreOptions{Clock: clock}), Registry: prometheus.NewRegistry()}
 				if withBreakers {
 					reg, err := breaker.NewRegistry(breaker.Options{Clock: clock, Metrics: prometheus.NewRegistry()})
 					if err != nil {

@@ -112,7 +112,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 		f.Add(b)
 	}
 	svc, err := New(Options{
-		Limiter:         window.NewStore(&fakeClock{}),
+		Limiter:         window.NewStore(window.StoreOptions{Clock: &fakeClock{}}),
 		Registry:        prometheus.NewRegistry(),
 		Breakers:        refuseAll{},
 		ResponseHeaders: HeadersDraft11,

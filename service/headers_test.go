@@ -144,7 +144,7 @@ func TestResponseHeaders(t *testing.T) {
 }
 
 func TestResponseHeaderModeValidated(t *testing.T) {
-	_, err := New(Options{Limiter: window.NewStore(&fakeClock{}), Registry: prometheus.NewRegistry(), ResponseHeaders: "draft04"})
+	_, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &fakeClock{}}), Registry: prometheus.NewRegistry(), ResponseHeaders: "draft04"})
 	if err == nil {
 		t.Fatal("New accepted an unknown header mode")
 	}

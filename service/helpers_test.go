@@ -146,7 +146,7 @@ type harness struct {
 func newHarness(t testing.TB, set *descriptors.Set, mod func(*Options)) *harness {
 	t.Helper()
 	h := &harness{t: t, clock: &fakeClock{}, reg: prometheus.NewRegistry()}
-	h.store = window.NewStore(h.clock)
+	h.store = window.NewStore(window.StoreOptions{Clock: h.clock})
 	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: 10}
 	if mod != nil {
 		mod(&opts)

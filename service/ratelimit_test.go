@@ -413,7 +413,7 @@ descriptors:
   - key: w
     rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: time_buckets}
 `)
-	if _, err := New(Options{Limiter: window.NewStore(&fakeClock{}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
+	if _, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &fakeClock{}}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
 		t.Fatal("New accepted a default bucket count that does not divide one second")
 	}
 	h := newHarness(t, nil, func(o *Options) { o.DefaultBuckets = 16 })

@@ -171,7 +171,7 @@ func TestStoreAlgorithmsAndRefunds(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	ctx := context.Background()
 	clock := &fakeClock{}
-	s := NewStore(clock)
+	s := NewStore(StoreOptions{Clock: clock})
 	do := func(reqs ...Request) []Result {
 		t.Helper()
 		res, err := s.Do(ctx, reqs)

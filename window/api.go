@@ -38,7 +38,7 @@
 // # Store
 //
 // Store is the in-memory Limiter: a sharded map from key to counter, with
-// Sweep/Run reclaiming idle counters and WithMaxKeys bounding the number of
+// Sweep/Run reclaiming idle counters and StoreOptions.MaxKeys bounding the number of
 // keys by approximate-LRU eviction; Stats reports evictions and reclaims.
 package window
 

@@ -482,7 +482,7 @@ func TestStoreSlidingLog(t *testing.T) {
 	spec := mustSpec(t, time.Second, 1)
 	ctx := context.Background()
 	clock := &fakeClock{}
-	s := NewStore(clock, WithMaxKeys(3))
+	s := NewStore(StoreOptions{Clock: clock, MaxKeys: 3})
 	do := func(reqs ...Request) []Result {
 		t.Helper()
 		res, err := s.Do(ctx, reqs)

@@ -12,7 +12,7 @@ import (
 func TestStoreSweep(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	clock := &fakeClock{}
-	s := NewStore(clock)
+	s := NewStore(StoreOptions{Clock: clock})
 	ctx := context.Background()
 	for i := range 100 {
 		clock.Set(time.Duration(i) * 10 * time.Millisecond) // key i hit at i*10ms
@@ -46,7 +46,7 @@ func TestStoreSweep(t *testing.T) {
 func TestStoreRunSweeps(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	clock := &fakeClock{}
-	s := NewStore(clock)
+	s := NewStore(StoreOptions{Clock: clock})
 	s.Do(context.Background(), []Request{{Key: "a", Spec: spec, Limit: 5, Hits: 1}})
 	clock.Set(time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,7 +72,7 @@ func TestStoreMaxKeys(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("max %d", tt.maxKeys), func(t *testing.T) {
 			clock := &fakeClock{}
-			s := NewStore(clock, WithMaxKeys(tt.maxKeys))
+			s := NewStore(StoreOptions{Clock: clock, MaxKeys: tt.maxKeys})
 			for i := range tt.keys {
 				clock.Advance(time.Microsecond)
 				s.Do(context.Background(), []Request{{Key: strconv.Itoa(i), Spec: spec, Limit: 5, Hits: 1}})
@@ -93,7 +93,7 @@ func TestStoreMaxKeys(t *testing.T) {
 func TestStoreEvictionKeepsHotKey(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	clock := &fakeClock{}
-	s := NewStore(clock, WithMaxKeys(64))
+	s := NewStore(StoreOptions{Clock: clock, MaxKeys: 64})
 	ctx := context.Background()
 	hot := Request{Key: "hot", Spec: spec, Limit: 1 << 20, Hits: 1}
 	for i := range 20_000 {
@@ -113,7 +113,7 @@ func TestStoreEvictionKeepsHotKey(t *testing.T) {
 const streamMaxKeys = 20_000
 
 // heapBound is the documented heap growth bound of a Store with
-// WithMaxKeys(streamMaxKeys) and 20 buckets per key: about 300 bytes per key
+// MaxKeys streamMaxKeys and 20 buckets per key: about 300 bytes per key
 // (BenchmarkBytesPerKey) plus the maps' table slack after churn.
 const heapBound = 16 << 20
 
@@ -124,7 +124,7 @@ const heapBound = 16 << 20
 func TestStoreBoundedMemory(t *testing.T) {
 	spec := mustSpec(t, 100*time.Millisecond, DefaultBuckets)
 	clock := &fakeClock{}
-	s := NewStore(clock, WithMaxKeys(streamMaxKeys))
+	s := NewStore(StoreOptions{Clock: clock, MaxKeys: streamMaxKeys})
 	ctx := context.Background()
 	const hotLimit = 50
 	hot := []Request{{Key: "hot", Spec: spec, Limit: hotLimit, Hits: 1, Veto: true}}
@@ -187,7 +187,7 @@ func TestStoreBoundedMemory(t *testing.T) {
 }
 
 func TestStoreRunBadInterval(t *testing.T) {
-	if err := NewStore(&fakeClock{}).Run(context.Background(), 0); err == nil {
+	if err := NewStore(StoreOptions{Clock: &fakeClock{}}).Run(context.Background(), 0); err == nil {
 		t.Fatal("Run with interval 0 returned nil")
 	}
 }
@@ -196,7 +196,7 @@ func TestStoreRunBadInterval(t *testing.T) {
 // while a few keys of the burst stay in use.
 func TestStoreSweepShrinksMaps(t *testing.T) {
 	spec := mustSpec(t, time.Second, DefaultBuckets)
-	s := NewStore(&fakeClock{})
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
 	res := make([]Result, 1)
 	var base, full, after runtime.MemStats
 	runtime.GC()

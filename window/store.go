@@ -23,9 +23,9 @@ const storeShards = 256
 // limit applies at once to the existing window.
 //
 // Memory is bounded two ways. Sweep (run periodically by Run) reclaims
-// counters with nothing inside their window. With WithMaxKeys, creating a
-// key beyond the bound first evicts an approximately least recently used
-// one (see WithMaxKeys). Evicting a counter forgets its hits.
+// counters with nothing inside their window. With StoreOptions.MaxKeys,
+// creating a key beyond the bound first evicts an approximately least
+// recently used one. Evicting a counter forgets its hits.
 //
 // A Store keeps no key: its maps are keyed by a 128-bit keyed digest of
 // Request.Key (see digest), so a key costs the same whatever its length,
@@ -61,30 +61,32 @@ type storeShard struct {
 // holds under a quarter of its peak.
 const shrinkBelow = 256
 
-// StoreOption configures a Store.
-type StoreOption func(*Store)
-
-// WithMaxKeys bounds the number of keys (counters) a Store holds. When a new
-// key would exceed it, the Store evicts from the new key's shard the least
-// recently used of a few sampled keys, preferring one with nothing in its
-// window (approximate LRU, as in Redis); if that shard holds too few, also
-// from other shards whose locks are free. Under contention the bound may be
-// exceeded briefly by a few keys. n <= 0 means no bound (the default).
-//
-// The memory of one key is measured by BenchmarkBytesPerKey;
-// TestStoreBoundedMemory streams 1,000,000 distinct keys through
-// WithMaxKeys(20000) and checks that the heap stays within its bound while a
-// hot key's limit holds.
-func WithMaxKeys(n int) StoreOption {
-	return func(s *Store) { s.maxKeys = int64(n) }
+// StoreOptions configure a Store.
+type StoreOptions struct {
+	// Clock is what Do reads the time from; if nil, a MonotonicClock.
+	Clock Clock
+	// MaxKeys bounds the number of keys (counters) the Store holds; if 0 or
+	// less, there is no bound. When a new key would exceed it, the Store
+	// evicts from the new key's shard the least recently used of a few
+	// sampled keys, preferring one with nothing in its window (approximate
+	// LRU, as in Redis); if that shard holds too few, also from other shards
+	// whose locks are free. Under contention the bound may be exceeded
+	// briefly by a few keys.
+	//
+	// The memory of one key is measured by BenchmarkBytesPerKey;
+	// TestStoreBoundedMemory streams 1,000,000 distinct keys through a Store
+	// with MaxKeys 20000 and checks that the heap stays within its bound
+	// while a hot key's limit holds.
+	MaxKeys int
 }
 
-// NewStore returns an empty Store reading time from clock.
-func NewStore(clock Clock, opts ...StoreOption) *Store {
-	s := &Store{clock: clock, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
-	for _, o := range opts {
-		o(s)
+// NewStore returns an empty Store.
+func NewStore(opts StoreOptions) *Store {
+	clock := opts.Clock
+	if clock == nil {
+		clock = NewMonotonicClock()
 	}
+	s := &Store{clock: clock, maxKeys: int64(opts.MaxKeys), seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
 	for i := range s.shards {
 		s.shards[i].m = make(map[digest]meter)
 		s.shards[i].idx = i

@@ -89,7 +89,7 @@ func TestStoreDo(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := &fakeClock{}
 			clock.Set(time.Hour)
-			s := NewStore(clock)
+			s := NewStore(StoreOptions{Clock: clock})
 			for i, st := range tt.steps {
 				res, err := s.Do(context.Background(), st.reqs)
 				if err != nil {
@@ -112,7 +112,7 @@ func TestStoreDo(t *testing.T) {
 
 func TestStoreVetoRestoresRemaining(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
-	s := NewStore(&fakeClock{})
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
 	res, _ := s.Do(context.Background(), []Request{
 		{Key: "a", Spec: sec, Limit: 10, Hits: 3, Veto: true},
 		{Key: "b", Spec: sec, Limit: 0, Hits: 1, Veto: true},
@@ -123,7 +123,7 @@ func TestStoreVetoRestoresRemaining(t *testing.T) {
 }
 
 func TestStoreErrors(t *testing.T) {
-	s := NewStore(&fakeClock{})
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
 	_, err := s.Do(context.Background(), []Request{{Key: "a", Limit: 1, Hits: 1}})
 	if !errors.Is(err, ErrInvalidSpec) {
 		t.Fatalf("zero Spec: error %v, want ErrInvalidSpec", err)
@@ -141,7 +141,7 @@ func TestStoreErrors(t *testing.T) {
 func TestStoreUndo(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
 	clock := &fakeClock{}
-	s := NewStore(clock)
+	s := NewStore(StoreOptions{Clock: clock})
 	reqs := []Request{{Key: "a", Spec: sec, Limit: 10, Hits: 4}, {Key: "b", Spec: sec, Limit: 1, Hits: 2}}
 	res, _ := s.Do(context.Background(), reqs)
 	clock.Advance(300 * time.Millisecond)
@@ -157,7 +157,7 @@ func TestStoreUndo(t *testing.T) {
 // limit through the Store.
 func TestStoreAtomicAdmission(t *testing.T) {
 	spec := mustSpec(t, time.Second, 20)
-	s := NewStore(&fakeClock{})
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
 	const keys, limit = 8, 200
 	var admitted [keys]atomic.Uint64
 	var wg sync.WaitGroup
@@ -192,7 +192,7 @@ func TestStoreAtomicAdmission(t *testing.T) {
 func TestStoreDoesNotRetainKeys(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
 	minute := mustSpec(t, time.Minute, 10)
-	s := NewStore(&fakeClock{})
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
 	buf := []byte("key-a")
 	alias := unsafe.String(&buf[0], len(buf))
 	for _, spec := range []Spec{sec, minute} { // create, then replace

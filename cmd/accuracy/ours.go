@@ -146,7 +146,7 @@ func measureStoreBytesPerKey(p params, keys int) (float64, error) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	store := window.NewStore(fixedClock(now))
+	store := window.NewStore(window.StoreOptions{Clock: fixedClock(now)})
 	for i := range keys {
 		reqs[0] = window.Request{Key: storeKey(i), Spec: spec, Limit: p.limit, Hits: 1}
 		if err := store.DoAt(context.Background(), now, reqs, results); err != nil {
