@@ -191,8 +191,40 @@ type singleResponse struct {
 	block    [1]statusBlock
 }
 
-// respond builds the descriptor statuses.
-func (s *Service) respond(sc *scratch, results []window.Result) *rlsv3.RateLimitResponse {
+// conclude sets every plan's answer from the limiter's results: the most
+// constraining limit (or none), its remaining quota and reset, and whether
+// the descriptor is OVER_LIMIT (its limit refused, or its breaker is open;
+// never in shadow mode).
+func (s *Service) conclude(sc *scratch, results []window.Result) {
+	for i := range sc.plans {
+		p := &sc.plans[i]
+		a := answer{}
+		switch p.kind {
+		case kindUnlimited:
+			a.remaining = UnlimitedRemaining
+		case kindLimited, kindOverride:
+			a.limit = &p.override
+			if p.kind == kindLimited {
+				a.limit = &p.info.limits[p.best-p.first]
+			}
+			r := &results[p.best]
+			a.remaining = uint32(min(r.Remaining, math.MaxUint32))
+			a.reset = r.Reset
+			a.over = p.over && !p.shadow
+		}
+		if p.breakerOff && !p.shadow {
+			a.over = true
+			a.reset = p.retryAfter
+			if p.over && p.best >= 0 {
+				a.reset = max(a.reset, results[p.best].Reset)
+			}
+		}
+		p.answer = a
+	}
+}
+
+// respond builds the statuses from the plans' answers.
+func (s *Service) respond(sc *scratch) *rlsv3.RateLimitResponse {
 	n := len(sc.plans)
 	var resp *rlsv3.RateLimitResponse
 	var blocks []statusBlock
@@ -206,47 +238,35 @@ func (s *Service) respond(sc *scratch, results []window.Result) *rlsv3.RateLimit
 		blocks = make([]statusBlock, n)
 	}
 	for i := range sc.plans {
-		p := &sc.plans[i]
+		a := &sc.plans[i].answer
 		b := &blocks[i]
 		st := &b.status
 		resp.Statuses[i] = st
 		st.Code = rlsv3.RateLimitResponse_OK
-		switch p.kind {
-		case kindUnlimited:
-			st.LimitRemaining = UnlimitedRemaining
-		case kindLimited, kindOverride:
-			li := &p.override
-			if p.kind == kindLimited {
-				li = &p.info.limits[p.best-p.first]
-			}
-			r := &results[p.best]
+		if a.over {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		st.LimitRemaining = a.remaining
+		if li := a.limit; li != nil {
 			b.limit.Name = li.name
-			b.limit.RequestsPerUnit = uint32(min(li.limit, math.MaxUint32))
+			b.limit.RequestsPerUnit = reportedLimit(li)
 			b.limit.Unit = li.unit
 			if li.mult > 1 {
 				b.mult.Value = li.mult
 				b.limit.UnitMultiplier = &b.mult
 			}
 			st.CurrentLimit = &b.limit
-			st.LimitRemaining = uint32(min(r.Remaining, math.MaxUint32))
-			setDuration(&b.reset, r.Reset)
-			st.DurationUntilReset = &b.reset
-			if p.over && !p.shadow {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
 		}
-		if p.breakerOff && !p.shadow {
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			reset := p.retryAfter
-			if p.over && p.best >= 0 {
-				reset = max(reset, results[p.best].Reset)
-			}
-			setDuration(&b.reset, reset)
+		if a.limit != nil || a.over {
+			setDuration(&b.reset, a.reset)
 			st.DurationUntilReset = &b.reset
 		}
 	}
 	return resp
 }
+
+// reportedLimit is a limit's requests_per_unit as Envoy's proto carries it.
+func reportedLimit(li *limitInfo) uint32 { return uint32(min(li.limit, math.MaxUint32)) }
 
 func setDuration(d *durationpb.Duration, v time.Duration) {
 	d.Seconds = int64(v / time.Second)

@@ -73,27 +73,27 @@ func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused
 	if s.headers == HeadersOff {
 		return
 	}
-	if i := mostConstraining(sc.plans, resp.Statuses); i >= 0 {
-		st := resp.Statuses[i]
-		l := st.GetCurrentLimit()
-		reset := seconds(st.GetDurationUntilReset().AsDuration())
+	if i := mostConstraining(sc.plans); i >= 0 {
+		a := &sc.plans[i].answer
+		limit := reportedLimit(a.limit)
+		reset := seconds(a.reset)
 		switch s.headers {
 		case HeadersDraft03:
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-				&corev3.HeaderValue{Key: s.headerNames.limit, Value: strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10)},
-				&corev3.HeaderValue{Key: s.headerNames.remaining, Value: strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)},
+				&corev3.HeaderValue{Key: s.headerNames.limit, Value: strconv.FormatUint(uint64(limit), 10)},
+				&corev3.HeaderValue{Key: s.headerNames.remaining, Value: strconv.FormatUint(uint64(a.remaining), 10)},
 				&corev3.HeaderValue{Key: s.headerNames.reset, Value: strconv.FormatInt(reset, 10)},
 			)
 		case HeadersDraft11:
 			name := sfString(policyName(&sc.plans[i]))
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-				&corev3.HeaderValue{Key: PolicyHeader, Value: fmt.Sprintf("%s;q=%d;w=%d", name, l.GetRequestsPerUnit(), windowSeconds(&sc.plans[i]))},
-				&corev3.HeaderValue{Key: RateLimitHeader, Value: fmt.Sprintf("%s;r=%d;t=%d", name, st.GetLimitRemaining(), reset)},
+				&corev3.HeaderValue{Key: PolicyHeader, Value: fmt.Sprintf("%s;q=%d;w=%d", name, limit, windowSeconds(&sc.plans[i]))},
+				&corev3.HeaderValue{Key: RateLimitHeader, Value: fmt.Sprintf("%s;r=%d;t=%d", name, a.remaining, reset)},
 			)
 		}
 	}
 	if refused {
-		retry := max(seconds(retryAfter(sc.plans, resp.Statuses)), 1)
+		retry := max(seconds(retryAfter(sc.plans)), 1)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: RetryAfterHeader, Value: strconv.FormatInt(retry, 10)})
 	}
@@ -107,21 +107,22 @@ func enforcing(p *plan) bool { return !p.shadow && !p.quota }
 // headers report, -1 if none has a limit: an enforcing over-limit descriptor
 // if any (the longest wait), else the one with the least quota left (then
 // the longest reset). Shadow-mode rules are not enforced and not reported.
-func mostConstraining(plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) int {
+func mostConstraining(plans []plan) int {
 	best := -1
 	var bestOver bool
-	for i, st := range statuses {
+	for i := range plans {
 		p := &plans[i]
-		if st.GetCurrentLimit() == nil || p.shadow {
+		st := &p.answer
+		if st.limit == nil || p.shadow {
 			continue
 		}
-		over := st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && enforcing(p)
+		over := st.over && enforcing(p)
 		if best < 0 {
 			best, bestOver = i, over
 			continue
 		}
-		b := statuses[best]
-		reset, bestReset := st.GetDurationUntilReset().AsDuration(), b.GetDurationUntilReset().AsDuration()
+		b := &plans[best].answer
+		reset, bestReset := st.reset, b.reset
 		switch {
 		case over != bestOver:
 			if over {
@@ -131,8 +132,8 @@ func mostConstraining(plans []plan, statuses []*rlsv3.RateLimitResponse_Descript
 			if reset > bestReset {
 				best = i
 			}
-		case st.GetLimitRemaining() != b.GetLimitRemaining():
-			if st.GetLimitRemaining() < b.GetLimitRemaining() {
+		case st.remaining != b.remaining:
+			if st.remaining < b.remaining {
 				best = i
 			}
 		case reset > bestReset:
@@ -146,15 +147,15 @@ func mostConstraining(plans []plan, statuses []*rlsv3.RateLimitResponse_Descript
 // wait of the enforcing over-limit descriptors (rate limits and breakers);
 // when only quota descriptors refused (all of them over), the shortest wait
 // among them, since one freed quota lets the request through.
-func retryAfter(plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) time.Duration {
+func retryAfter(plans []plan) time.Duration {
 	var longest, shortestQuota time.Duration
 	enforced, quota := false, false
-	for i, st := range statuses {
+	for i := range plans {
 		p := &plans[i]
-		if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		if !p.answer.over {
 			continue
 		}
-		d := st.GetDurationUntilReset().AsDuration()
+		d := p.answer.reset
 		switch {
 		case p.breakerOff && !p.shadow, enforcing(p):
 			enforced = true
@@ -239,7 +240,7 @@ const (
 // "key=value" strings (with their own hitsAddend when set), the request's
 // hitsAddend, and the metadata of the matched rules of every descriptor
 // answered OK, merged in request order (a later rule's key wins).
-func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan, statuses []*rlsv3.RateLimitResponse_DescriptorStatus) *structpb.Struct {
+func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct {
 	descs := make([]*structpb.Value, len(req.GetDescriptors()))
 	for i, d := range req.GetDescriptors() {
 		entries := make([]*structpb.Value, len(d.GetEntries()))
@@ -266,7 +267,7 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan, statuses []*rlsv
 	}}
 	for i := range plans {
 		p := &plans[i]
-		if p.info == nil || p.info.metadata == nil || statuses[i].GetCode() != rlsv3.RateLimitResponse_OK {
+		if p.info == nil || p.info.metadata == nil || p.answer.over {
 			continue
 		}
 		for k, v := range p.info.metadata.GetFields() {

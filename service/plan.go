@@ -25,6 +25,15 @@ const (
 	kindOverride                  // the descriptor's own limit
 )
 
+// answer is the decision for one descriptor, from which its status, the
+// response headers and the dynamic metadata are all built.
+type answer struct {
+	over      bool       // OVER_LIMIT
+	limit     *limitInfo // the limit reported (current_limit), nil for none
+	remaining uint32     // limit_remaining
+	reset     time.Duration
+}
+
 // plan is the evaluation of one request descriptor.
 type plan struct {
 	kind    descKind
@@ -46,6 +55,8 @@ type plan struct {
 	// Outcome.
 	best int  // index of the reported window.Result, -1 if none
 	over bool // some limit refused
+
+	answer answer // what the descriptor's status says; set by conclude
 }
 
 // plan matches every descriptor to a rule and decides how it is answered,

@@ -120,7 +120,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.metrics.notFound(domain)
 		resp := allOK(len(descs))
 		if s.metadata {
-			resp.DynamicMetadata = dynamicMetadata(req, nil, resp.Statuses)
+			resp.DynamicMetadata = dynamicMetadata(req, nil)
 		}
 		return resp, nil
 	}
@@ -166,7 +166,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	s.count(sc, st, domain, results)
 
-	resp := s.respond(sc, results)
+	s.conclude(sc, results)
+	resp := s.respond(sc)
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	refused := over && !s.shadow
 	if refused {
@@ -176,7 +177,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	s.addHeaders(sc, resp, refused, reason)
 	if s.metadata {
-		resp.DynamicMetadata = dynamicMetadata(req, sc.plans, resp.Statuses)
+		resp.DynamicMetadata = dynamicMetadata(req, sc.plans)
 	}
 	return resp, nil
 }
