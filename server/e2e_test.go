@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 func TestShouldRateLimitOverGRPC(t *testing.T) {
@@ -122,10 +124,39 @@ func TestJSONEndpoint(t *testing.T) {
 }
 
 func TestUnavailableWithoutRules(t *testing.T) {
-	// A rule set that does not load at start-up: the server runs, NOT_SERVING,
-	// and every call is Unavailable until the rules are fixed.
-	ts := start(t, map[string]string{"bad.yaml": "domain: test\ndescriptors:\n  - key: user\n    ratelimit: {unit: second}\n"}, nil)
+	for _, backend := range []string{config.BackendMemory, config.BackendRedis} {
+		t.Run(backend, func(t *testing.T) { unavailableWithoutRules(t, backend) })
+	}
+}
+
+// unavailableWithoutRules: a rule set that does not load at start-up: the
+// server runs, NOT_SERVING (on Redis too, once the backend is seen up), and
+// every call is Unavailable until the rules are fixed.
+func unavailableWithoutRules(t *testing.T, backend string) {
+	mod := func(*config.Settings) {}
+	if backend == config.BackendRedis {
+		r := redistest.Start(t)
+		mod = func(s *config.Settings) {
+			s.BackendType = config.BackendRedis
+			s.Redis.URL = r.Addr()
+			s.Redis.Timeout = 2 * time.Second
+		}
+	}
+	ts := start(t, map[string]string{"bad.yaml": "domain: test\ndescriptors:\n  - key: user\n    ratelimit: {unit: second}\n"}, mod)
 	cc := ts.conn(t)
+	if backend == config.BackendRedis {
+		eventually(t, "the backend health check to see Redis up", func() bool {
+			return metricValue(t, ts, "leapgate_redis_up") == "1"
+		})
+		// The server re-reads the backend's health every 250 ms: through
+		// four of its rounds with Redis up, the missing rules keep it
+		// NOT_SERVING.
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+				t.Fatalf("health with Redis up and no rules = %v, want NOT_SERVING", got)
+			}
+		}
+	}
 	if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health = %v, want NOT_SERVING", got)
 	}

@@ -2,12 +2,16 @@ package server_test
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/leapgate/leapgate/config"
 )
 
 func rulesPerMinute(n string) string {
@@ -77,6 +81,13 @@ func TestReloadBadFileKeepsLastGoodRules(t *testing.T) {
 	if st := callUser(t, client, "alice"); st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 0 {
 		t.Errorf("second call on the last good rules: %v, want OK with 0 remaining", st)
 	}
+	// The last good rules serve: health stays SERVING.
+	if got := healthStatus(t, ts.conn(t), ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health after a rejected reload = %v, want SERVING", got)
+	}
+	if code, _ := get(t, ts.httpURL("/healthcheck")); code != http.StatusOK {
+		t.Errorf("/healthcheck after a rejected reload = %d, want 200", code)
+	}
 	if st := callUser(t, client, "alice"); st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("third call: %v, want OVER_LIMIT", st)
 	}
@@ -134,4 +145,23 @@ func TestReloadAfterTheDirectoryIsRecreated(t *testing.T) {
 	// periodic re-watch.
 	writeRules(t, ts.ruleDir, "rules.yaml", rulesPerMinute("9"))
 	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=9")
+}
+
+// TestReloadRefusedByTheServiceKeepsLastGoodRules: a rule set that parses
+// but that the service cannot serve (a time_buckets window the loader laid
+// out with 20 buckets, which WINDOW_BUCKETS=16 does not divide) is refused
+// like a malformed file: the last good rules keep serving, SERVING.
+func TestReloadRefusedByTheServiceKeepsLastGoodRules(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.WindowBuckets = 16 })
+	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=2")
+	writeRules(t, ts.ruleDir, "odd.yaml", "domain: odd\ndescriptors:\n  - key: k\n    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: time_buckets}\n")
+	eventually(t, "config_load_error to count the refused set", func() bool {
+		return metricValue(t, ts, "ratelimit_config_load_error_total") == "1"
+	})
+	if _, body := get(t, ts.debugURL("/rlconfig")); strings.Contains(body, "odd.") || !strings.Contains(body, "requests_per_unit=2") {
+		t.Errorf("rules after a set the service refused:\n%s", body)
+	}
+	if got := healthStatus(t, ts.conn(t), ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health = %v, want SERVING", got)
+	}
 }
