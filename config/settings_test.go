@@ -89,6 +89,9 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"NEAR_LIMIT_RATIO": "0"}, "NEAR_LIMIT_RATIO"},
 		{map[string]string{"WINDOW_BUCKETS": "0"}, "WINDOW_BUCKETS"},
 		{map[string]string{"WINDOW_BUCKETS": "7"}, "WINDOW_BUCKETS: 7 does not divide"},
+		// 512 divides one second into whole nanoseconds, not microseconds:
+		// fine in memory, refused for Redis, whose clock is in microseconds.
+		{map[string]string{"WINDOW_BUCKETS": "512", "BACKEND_TYPE": "redis"}, "WINDOW_BUCKETS: 512 buckets per second are not whole microseconds"},
 		{map[string]string{"BACKEND_TYPE": "memcache"}, "BACKEND_TYPE"},
 		{map[string]string{"DRAIN_TIMEOUT": "-1s"}, "DRAIN_TIMEOUT"},
 		{map[string]string{"GRPC_MAX_CONNECTION_AGE": "0s"}, "GRPC_MAX_CONNECTION_AGE"},
@@ -111,6 +114,7 @@ func TestLoadRejectsBadValues(t *testing.T) {
 	} {
 		t.Run(c.want, func(t *testing.T) {
 			unsetAll(t)
+			unsetRedis(t)
 			for k, v := range c.env {
 				t.Setenv(k, v)
 			}
@@ -187,5 +191,16 @@ func TestRealSecretsAreRedacted(t *testing.T) {
 		if !strings.Contains(out, "REDIS_AUTH=<redacted>") {
 			t.Errorf("REDIS_AUTH not shown as redacted: %s", out)
 		}
+	}
+}
+
+// TestWindowBucketsInMemory: WINDOW_BUCKETS=512 (whole nanoseconds, not
+// microseconds) is accepted with the in-memory backend; only Redis refuses
+// it (TestLoadRejectsBadValues).
+func TestWindowBucketsInMemory(t *testing.T) {
+	unsetAll(t)
+	t.Setenv("WINDOW_BUCKETS", "512")
+	if s, err := Load(); err != nil || s.WindowBuckets != 512 {
+		t.Fatalf("Load() = %d, %v; want 512 accepted in memory", s.WindowBuckets, err)
 	}
 }
