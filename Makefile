@@ -13,7 +13,7 @@ FUZZTIME ?= 5s
 # Length of `make soak` (`make test` runs the same soak for 3s per backend).
 SOAK ?= 3m
 
-.PHONY: run test bench soak check-config accuracy loadtest
+.PHONY: run test bench soak check-config accuracy loadtest mutate
 
 run:
 	$(GO) run ./cmd/ratelimit
@@ -41,6 +41,12 @@ accuracy:
 LOADTEST_FLAGS ?= -duration 10s -concurrency 32 -backend both
 loadtest:
 	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
+
+# Mutation testing with gremlins (installed when missing) over the packages
+# whose behaviour the tests defend; see docs/development.md. Slow: not part
+# of `make test`. MUTATE_PKGS="./window" limits it.
+mutate:
+	GO=$(GO) scripts/mutate.sh
 
 # Validate a rule directory: make check-config DIR=path/to/rules
 check-config:
