@@ -28,7 +28,7 @@ PKGS=${MUTATE_PKGS:-"./window ./descriptors ./service ./breaker ./redisstore"}
 summary=()
 for pkg in $PKGS; do
 	echo "== gremlins unleash $pkg" >&2
-	out=$(gremlins unleash --workers 1 --timeout-coefficient 20 --exclude-files '_test\.go$' "$pkg" 2>&1 | tee /dev/stderr)
+	out=$(gremlins unleash --workers 1 --timeout-coefficient 20 --exclude-files '_test\.go$' "$pkg" 2>&1 | tee -a /dev/stderr)
 	summary+=("$pkg: $(grep -E 'Test efficacy|Mutator coverage|Killed:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
 done
 echo "== mutation scores" >&2
