@@ -29,7 +29,7 @@ summary=()
 for pkg in $PKGS; do
 	echo "== gremlins unleash $pkg" >&2
 	out=$(gremlins unleash --workers 1 --timeout-coefficient 20 --exclude-files '_test\.go$' "$pkg" 2>&1 | tee -a /dev/stderr)
-	summary+=("$pkg: $(grep -E 'Test efficacy|Mutator coverage|Killed:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
+	summary+=("$pkg: $(grep -E 'Test efficacy|Mutator coverage|Killed:|Timed out:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
 done
 echo "== mutation scores" >&2
 printf '%s\n' "${summary[@]}"
