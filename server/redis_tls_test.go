@@ -2,13 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -24,69 +17,18 @@ import (
 	"github.com/leapgate/leapgate/window"
 )
 
-// testCA issues certificates for the TLS test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue writes a certificate for dnsName (server and client use) and its
+// writeCert writes a certificate of ca for dnsName alone (no IP address:
+// a client that checks the host name of 127.0.0.1 must refuse it) and its
 // key to dir, returning the two paths.
-func (ca *testCA) issue(t *testing.T, dir, name, dnsName string) (certFile, keyFile string) {
+func writeCert(t *testing.T, ca *TestCA, dir, name, dnsName string) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: dnsName},
-		DNSNames:     []string{dnsName},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	certPEM, keyPEM := ca.Issue(t, dnsName, nil, dnsName)
 	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-	write := func(path string, b []byte) {
-		if err := os.WriteFile(path, b, 0o600); err != nil {
+	for path, data := range map[string][]byte{certFile: certPEM, keyFile: keyPEM} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	write(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	write(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
 	return certFile, keyFile
 }
 
@@ -98,17 +40,17 @@ func (ca *testCA) issue(t *testing.T, dir, name, dnsName string) (certFile, keyF
 func TestRedisTLS(t *testing.T) {
 	redistest.Need(t)
 	dir := t.TempDir()
-	ca := newTestCA(t, "leapgate test CA")
+	ca := NewTestCA(t, "leapgate test CA")
 	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+	if err := os.WriteFile(caFile, ca.PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	otherCAFile := filepath.Join(dir, "other-ca.pem")
-	if err := os.WriteFile(otherCAFile, newTestCA(t, "another CA").pem, 0o600); err != nil {
+	if err := os.WriteFile(otherCAFile, NewTestCA(t, "another CA").PEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	serverCert, serverKey := ca.issue(t, dir, "server", "redis.invalid")
-	clientCert, clientKey := ca.issue(t, dir, "client", "leapgate")
+	serverCert, serverKey := writeCert(t, ca, dir, "server", "redis.invalid")
+	clientCert, clientKey := writeCert(t, ca, dir, "client", "leapgate")
 
 	port := redistest.FreePort(t)
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",

@@ -2,18 +2,11 @@ package server_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,79 +16,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/server"
 )
 
-// testCA issues certificates for the TLS tests.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial struct {
-	sync.Mutex
-	n int64
-}
-
-func nextSerial() *big.Int {
-	serial.Lock()
-	defer serial.Unlock()
-	serial.n++
-	return big.NewInt(serial.n)
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          nextSerial(),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns PEM certificate and key for name, valid for server and
-// client use, with the given DNS SANs and 127.0.0.1.
-func (ca *testCA) issue(t *testing.T, name string, dnsNames ...string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: nextSerial(),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:     dnsNames,
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-}
+// loopback is the address the TLS tests' certificates carry.
+var loopback = []net.IP{net.IPv4(127, 0, 0, 1)}
 
 // writeFile writes data to path and moves its modification time forward, so
 // that a rewrite within one clock tick is still seen as a change.
@@ -112,13 +37,13 @@ func writeFile(t *testing.T, path string, data []byte, age time.Duration) {
 
 type tlsFiles struct{ dir, cert, key, ca string }
 
-func newTLSFiles(t *testing.T, ca *testCA, serverName string) tlsFiles {
+func newTLSFiles(t *testing.T, ca *server.TestCA, serverName string) tlsFiles {
 	dir := t.TempDir()
 	f := tlsFiles{dir: dir, cert: filepath.Join(dir, "tls.crt"), key: filepath.Join(dir, "tls.key"), ca: filepath.Join(dir, "ca.crt")}
-	cert, key := ca.issue(t, serverName, "leapgate.test")
+	cert, key := ca.Issue(t, serverName, loopback, "leapgate.test")
 	writeFile(t, f.cert, cert, 0)
 	writeFile(t, f.key, key, 0)
-	writeFile(t, f.ca, ca.pem, 0)
+	writeFile(t, f.ca, ca.PEM, 0)
 	return f
 }
 
@@ -149,9 +74,9 @@ func dialTLS(t *testing.T, ts *testServer, roots *x509.CertPool, clientCert *tls
 	return peerName, err
 }
 
-func pool(ca *testCA) *x509.CertPool {
+func pool(ca *server.TestCA) *x509.CertPool {
 	p := x509.NewCertPool()
-	p.AddCert(ca.cert)
+	p.AppendCertsFromPEM(ca.PEM)
 	return p
 }
 
@@ -165,7 +90,7 @@ func keyPair(t *testing.T, certPEM, keyPEM []byte) *tls.Certificate {
 }
 
 func TestTLSWithCertificateReload(t *testing.T) {
-	ca := newCA(t, "test CA")
+	ca := server.NewTestCA(t, "test CA")
 	files := newTLSFiles(t, ca, "first")
 	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
 		s.GRPCServerUseTLS, s.GRPCServerTLSCert, s.GRPCServerTLSKey = true, files.cert, files.key
@@ -187,7 +112,7 @@ func TestTLSWithCertificateReload(t *testing.T) {
 	}
 
 	// Half a rotation (new certificate, old key) keeps the old pair serving.
-	cert2, key2 := ca.issue(t, "second", "leapgate.test")
+	cert2, key2 := ca.Issue(t, "second", loopback, "leapgate.test")
 	writeFile(t, files.cert, cert2, time.Minute)
 	if name, err := dialTLS(t, ts, pool(ca), nil); err != nil || name != "first" {
 		t.Errorf("mid-rotation: %q %v, want the first certificate still served", name, err)
@@ -200,13 +125,13 @@ func TestTLSWithCertificateReload(t *testing.T) {
 }
 
 func TestMutualTLS(t *testing.T) {
-	ca := newCA(t, "test CA")
+	ca := server.NewTestCA(t, "test CA")
 	files := newTLSFiles(t, ca, "server")
 	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
 		s.GRPCServerUseTLS, s.GRPCServerTLSCert, s.GRPCServerTLSKey = true, files.cert, files.key
 		s.GRPCClientTLSCACert, s.GRPCClientTLSSAN = files.ca, "envoy.mesh"
 	})
-	other := newCA(t, "other CA")
+	other := server.NewTestCA(t, "other CA")
 	for _, c := range []struct {
 		name   string
 		cert   *tls.Certificate
@@ -226,7 +151,7 @@ func TestMutualTLS(t *testing.T) {
 	}
 
 	// Rotating the client CA takes effect for new connections.
-	writeFile(t, files.ca, other.pem, time.Minute)
+	writeFile(t, files.ca, other.PEM, time.Minute)
 	if _, err := dialTLS(t, ts, pool(ca), clientCert(t, other, "envoy", "envoy.mesh")); err != nil {
 		t.Errorf("client of the new CA after CA rotation: %v", err)
 	}
@@ -236,8 +161,8 @@ func TestMutualTLS(t *testing.T) {
 }
 
 // clientCert issues a client certificate for name with the SAN san.
-func clientCert(t *testing.T, ca *testCA, name, san string) *tls.Certificate {
-	certPEM, keyPEM := ca.issue(t, name, san)
+func clientCert(t *testing.T, ca *server.TestCA, name, san string) *tls.Certificate {
+	certPEM, keyPEM := ca.Issue(t, name, loopback, san)
 	return keyPair(t, certPEM, keyPEM)
 }
 
