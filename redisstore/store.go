@@ -98,7 +98,7 @@ var (
 )
 
 // SupportsAlgorithm reports whether the Store serves a: every Algorithm of
-// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog).
+// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog, TimeBuckets).
 func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.TimeBuckets }
 
 // New returns a Store for opts. It does not wait for Redis: it starts a
