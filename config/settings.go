@@ -69,22 +69,19 @@ type Settings struct {
 	// e-mail).
 	GRPCClientTLSSAN string `envconfig:"GRPC_CLIENT_TLS_SAN"`
 
-	// Request limits: a request beyond any of them is refused with
-	// InvalidArgument before it reaches the limiter.
+	// Request limits. They bound what one call may cost; none of them lets
+	// a request through unlimited (see docs/operations.md, "Hostile input").
 
-	// MaxRequestBytes is the largest gRPC message (and /json body) accepted.
-	// A rate-limit request is a few hundred bytes; the bound leaves room for
-	// access-log batches (Envoy buffers 16 KiB by default) and ext_proc
-	// headers.
+	// MaxRequestBytes is the largest gRPC message (and /json body) accepted;
+	// gRPC refuses a larger message with ResourceExhausted. A rate-limit
+	// request is a few hundred bytes, and Envoy's own header limits (60 KiB
+	// by default) keep any request it builds far below this bound; the
+	// bound leaves room for access-log batches (Envoy buffers 16 KiB by
+	// default) and ext_proc headers.
 	MaxRequestBytes int `envconfig:"MAX_REQUEST_BYTES" default:"1048576"`
-	// MaxDescriptors is the most descriptors in one RateLimitRequest.
+	// MaxDescriptors is the most descriptors in one RateLimitRequest; a
+	// request with more is answered OVER_LIMIT for every descriptor.
 	MaxDescriptors int `envconfig:"MAX_DESCRIPTORS_PER_REQUEST" default:"64"`
-	// MaxEntries is the most entries in one descriptor.
-	MaxEntries int `envconfig:"MAX_ENTRIES_PER_DESCRIPTOR" default:"16"`
-	// MaxKeyLength and MaxValueLength bound one entry's key and value, and
-	// MaxKeyLength also bounds the domain, in bytes.
-	MaxKeyLength   int `envconfig:"MAX_DESCRIPTOR_KEY_LENGTH" default:"256"`
-	MaxValueLength int `envconfig:"MAX_DESCRIPTOR_VALUE_LENGTH" default:"4096"`
 
 	// Rules.
 
@@ -302,9 +299,6 @@ func (s Settings) Validate() error {
 	}{
 		{"MAX_REQUEST_BYTES", s.MaxRequestBytes},
 		{"MAX_DESCRIPTORS_PER_REQUEST", s.MaxDescriptors},
-		{"MAX_ENTRIES_PER_DESCRIPTOR", s.MaxEntries},
-		{"MAX_DESCRIPTOR_KEY_LENGTH", s.MaxKeyLength},
-		{"MAX_DESCRIPTOR_VALUE_LENGTH", s.MaxValueLength},
 	} {
 		if l.value < 1 {
 			bad(l.name, "must be at least 1, got %d", l.value)

@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"strings"
 	"sync"
@@ -176,6 +177,10 @@ func TestAppendKey(t *testing.T) {
 		{"two wildcard levels count apart", entries("svc", "a", "op", "b"), entries("svc", "a", "op", "c"), false},
 		{"values are not confused across levels", entries("svc", "a\x00", "op", "b"), entries("svc", "a", "op", "\x00b"), false},
 		{"different rules differ", entries("path", "/admin"), entries("path", "/admin/"), false},
+		{"long values count apart", entries("user", strings.Repeat("a", 5000)), entries("user", strings.Repeat("a", 4999)+"b"), false},
+		{"a long value shares with itself", entries("user", strings.Repeat("a", 5000)), entries("user", strings.Repeat("a", 5000)), true},
+		{"a digested value never meets a raw one", entries("user", strings.Repeat("x", LongValue+1)), entries("user", string(digestOf(strings.Repeat("x", LongValue+1)))), false},
+		{"invalid UTF-8 is a value like any other", entries("user", "\xff\xfe"), entries("user", "\xff\xfd"), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -194,6 +199,18 @@ func TestAppendKey(t *testing.T) {
 	}
 	// Fewer entries than levels must not panic.
 	_ = r.AppendKey(nil, nil)
+
+	// A long value costs a fixed 32 bytes after its length.
+	long := strings.Repeat("v", 1<<20)
+	if got, want := len(r.AppendKey(nil, entries("user", long))), len("web.user")+1+3+32; got != want {
+		t.Errorf("key of a 1 MiB value is %d bytes, want %d", got, want)
+	}
+}
+
+// digestOf is the SHA-256 of v, as AppendKey writes a long value.
+func digestOf(v string) []byte {
+	sum := sha256.Sum256([]byte(v))
+	return sum[:]
 }
 
 func TestMetricKey(t *testing.T) {
@@ -240,6 +257,10 @@ descriptors:
 		{entries("svc", "api", "method", "GET"), "m.svc_api.method_GET"},
 		// share_threshold keeps the pattern even with detailed_metric or value_to_metric.
 		{entries("ip", "10.1.2.3", "agent", "curl"), "m.ip_10.*.agent_curl"},
+		// Request values in metrics are valid UTF-8 and short.
+		{entries("client", "a\xffb"), "m.client_a\uFFFDb"},
+		{entries("client", strings.Repeat("z", LongValue)), "m.client_" + strings.Repeat("z", LongValue)},
+		{entries("client", strings.Repeat("z", LongValue+1)), "m.client_sha256:" + fmt.Sprintf("%x", digestOf(strings.Repeat("z", LongValue+1))[:8])},
 	}
 	for _, tt := range tests {
 		r := s.Match("m", tt.entries)

@@ -1,7 +1,9 @@
 package descriptors
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"strings"
@@ -178,14 +180,24 @@ func (s *Set) Dump() string {
 	return b.String()
 }
 
+// LongValue is the length in bytes above which a request value is keyed by
+// its SHA-256 digest instead of its bytes (AppendKey) and shown in metrics by
+// a prefix of that digest (MetricKey). Such a value is limited like any
+// other, and its counter and breaker keys stay short whatever its length.
+const LongValue = 128
+
 // AppendKey appends the counter key of a request descriptor matched by the
 // rule to dst and returns the extended slice. The key is the rule's ID
 // followed, for each level of the rule's path, by a 0x00 byte, the length of
 // the value as a uvarint and the value: the request's value, or for a
 // share_threshold wildcard level the pattern, so that every value matching
-// it shares one counter. IDs contain no 0x00 byte and the values are length
-// prefixed, so distinct rules or values never produce the same key.
-// Entries beyond the rule's depth are ignored; missing ones count as empty.
+// it shares one counter. A request value longer than LongValue is written as
+// its 32-byte SHA-256 digest after its true length, so that the length
+// alone tells the two forms apart. IDs contain no 0x00 byte and the values
+// are length prefixed, so distinct rules or values never produce the same
+// key (except through a SHA-256 collision). Entries beyond the rule's depth
+// are ignored; missing ones count as empty. Values may hold any bytes,
+// including invalid UTF-8.
 func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 	dst = append(dst, r.ID...)
 	for i := range r.Path {
@@ -198,6 +210,11 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 		}
 		dst = append(dst, 0)
 		dst = binary.AppendUvarint(dst, uint64(len(v)))
+		if len(v) > LongValue {
+			sum := sha256.Sum256([]byte(v))
+			dst = append(dst, sum[:]...)
+			continue
+		}
 		dst = append(dst, v...)
 	}
 	return dst
@@ -231,7 +248,9 @@ func (r *Rule) Varies() bool {
 //
 // A share_threshold level always shows its pattern, never the request's
 // value. Only these options put request values, and so unbounded
-// cardinality, into metrics.
+// cardinality, into metrics. A request value longer than LongValue shows as
+// "sha256:" and the first 16 hex digits of its digest, and invalid UTF-8 in
+// a value as U+FFFD, so that the key is always a valid, short label value.
 func (r *Rule) MetricKey(entries []Entry) string {
 	withValues := r.DetailedMetric
 	for _, l := range r.levels {
@@ -246,7 +265,7 @@ func (r *Rule) MetricKey(entries []Entry) string {
 		v := p.Value
 		useRequest := (r.DetailedMetric || r.levels[i].valueToMetric) && !r.levels[i].share
 		if useRequest && i < len(entries) {
-			v = entries[i].Value
+			v = metricValue(entries[i].Value)
 		}
 		b.WriteByte('.')
 		b.WriteString(p.Key)
@@ -256,6 +275,15 @@ func (r *Rule) MetricKey(entries []Entry) string {
 		}
 	}
 	return b.String()
+}
+
+// metricValue is a request value as MetricKey shows it.
+func metricValue(v string) string {
+	if len(v) > LongValue {
+		sum := sha256.Sum256([]byte(v))
+		return "sha256:" + hex.EncodeToString(sum[:8])
+	}
+	return strings.ToValidUTF8(v, "\uFFFD")
 }
 
 // pattern is a value with '*' wildcards, each matching any run of bytes

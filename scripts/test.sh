@@ -64,6 +64,7 @@ FUZZ_TARGETS=(
 	"./observe FuzzReport"
 	"./service FuzzShouldRateLimit"
 	"./server FuzzJSON"
+	"./server FuzzLenientMatchesProto"
 	"./window FuzzBucketCounterMatchesModel"
 	"./window FuzzCounterNeverUndercounts"
 	"./window FuzzLogCounterMatchesReference"

@@ -42,9 +42,10 @@ func TestShouldRateLimitOverGRPC(t *testing.T) {
 	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("bob: %v, %v", resp, err)
 	}
-	// Empty domain: InvalidArgument, the process keeps serving.
-	if _, err := client.ShouldRateLimit(ctx, request("", []string{"user", "x"})); status.Code(err) != codes.InvalidArgument {
-		t.Errorf("empty domain: %v, want InvalidArgument", err)
+	// Empty domain: an unknown domain, answered OK (as any unknown domain),
+	// never an error.
+	if resp, err := client.ShouldRateLimit(ctx, request("", []string{"user", "x"})); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("empty domain: %v %v, want OK", resp, err)
 	}
 }
 
@@ -109,8 +110,8 @@ func TestJSONEndpoint(t *testing.T) {
 	}{
 		{"not JSON", `{"domain":`, http.StatusBadRequest},
 		{"unknown field", `{"domain":"test","descriptorz":[]}`, http.StatusBadRequest},
-		{"empty domain", `{"domain":"","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusBadRequest},
-		{"no descriptors", `{"domain":"test"}`, http.StatusBadRequest},
+		{"empty domain", `{"domain":"","descriptors":[{"entries":[{"key":"user","value":"x"}]}]}`, http.StatusOK},
+		{"no descriptors", `{"domain":"test"}`, http.StatusOK},
 		{"too large", `{"domain":"` + strings.Repeat("a", 1<<20) + `"}`, http.StatusRequestEntityTooLarge},
 		{"unlimited", `{"domain":"test","descriptors":[{"entries":[{"key":"path","value":"/free"}]}]}`, http.StatusOK},
 	} {

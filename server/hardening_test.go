@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,53 +68,6 @@ func TestPanicIsRecovered(t *testing.T) {
 	resp, err := client.ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
 	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("call after the panic: %v %v", resp, err)
-	}
-}
-
-func TestRequestLimits(t *testing.T) {
-	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
-		s.MaxDescriptors, s.MaxEntries, s.MaxKeyLength, s.MaxValueLength = 2, 2, 8, 16
-		s.MaxRequestBytes = 1024
-	})
-	client := ts.rls(t)
-	long := func(n int) string { return strings.Repeat("x", n) }
-	for _, c := range []struct {
-		name string
-		req  *rlsv3.RateLimitRequest
-		want string // in the message; "" means allowed
-	}{
-		{"at every limit", request("test", []string{"user", long(16), "k", "v"}, []string{"user", "b"}), ""},
-		{"too many descriptors", request("test", []string{"user", "a"}, []string{"user", "b"}, []string{"user", "c"}), "3 descriptors, more than the limit of 2"},
-		{"too many entries", request("test", []string{"user", "a", "b", "c", "d", "e"}), "descriptor 0 has 3 entries, more than the limit of 2"},
-		{"key too long", request("test", []string{long(9), "a"}), "key is 9 bytes long, more than the limit of 8"},
-		{"value too long", request("test", []string{"user", "a"}, []string{"user", long(17)}), "descriptor 1 entry 0 (key \"user\"): value is 17 bytes long"},
-		{"domain too long", request(long(9), []string{"user", "a"}), "domain is 9 bytes long"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := client.ShouldRateLimit(context.Background(), c.req)
-			if c.want == "" {
-				if err != nil {
-					t.Errorf("allowed request failed: %v", err)
-				}
-				return
-			}
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), c.want) {
-				t.Errorf("got %v, want InvalidArgument with %q", err, c.want)
-			}
-		})
-	}
-	// A message over MAX_REQUEST_BYTES is refused by gRPC before decoding.
-	big := request("test")
-	for range 100 {
-		big.Descriptors = append(big.Descriptors, request("test", []string{"user", long(16)}).Descriptors...)
-	}
-	if _, err := client.ShouldRateLimit(context.Background(), big); status.Code(err) != codes.ResourceExhausted {
-		t.Errorf("oversized message: %v, want ResourceExhausted", err)
-	}
-	// /json applies the same limits.
-	code, body := post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"`+long(17)+`"}]}]}`)
-	if code != http.StatusBadRequest || !strings.Contains(body, "value is 17 bytes long") {
-		t.Errorf("/json over a limit = %d %q, want 400 with the reason", code, body)
 	}
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -86,12 +87,15 @@ func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reading request body: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	// Invalid UTF-8 is a value like any other (as over gRPC), but proto3
+	// JSON refuses it: it becomes U+FFFD, which leaves the JSON syntax,
+	// all ASCII, as it was.
 	var req rlsv3.RateLimitRequest
-	if err := protojson.Unmarshal(body, &req); err != nil {
+	if err := protojson.Unmarshal(bytes.ToValidUTF8(body, []byte("\uFFFD")), &req); err != nil {
 		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	resp, err := s.rls.ShouldRateLimit(r.Context(), &req)
+	resp, err := s.service.ShouldRateLimit(r.Context(), &req)
 	if err != nil {
 		st := status.Convert(err)
 		http.Error(w, st.Message(), httpStatus(st.Code()))

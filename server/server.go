@@ -18,7 +18,6 @@ import (
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
@@ -45,7 +44,6 @@ type Server struct {
 	service  *service.Service
 	breakers *breaker.Registry
 	clock    window.Clock
-	rls      rlsv3.RateLimitServiceServer // service behind the request limits
 	rules    *ruleLoader
 	backend  backend
 
@@ -111,8 +109,6 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		b.close()
 		return nil, err
 	}
-	s.rls = guardedService{limits: newRequestLimits(settings), next: s.service}
-
 	s.rules = &ruleLoader{
 		dir:      settings.ConfigDir(),
 		debounce: settings.ReloadDebounce,
@@ -178,6 +174,7 @@ func (s *Server) buildService(settings config.Settings, limiter window.Limiter) 
 		RemainingHeader: settings.LimitRemainingHeader,
 		ResetHeader:     settings.LimitResetHeader,
 		DynamicMetadata: settings.ResponseDynamicMetadata,
+		MaxDescriptors:  settings.MaxDescriptors,
 	})
 	if err != nil {
 		return fmt.Errorf("creating the rate-limit service: %w", err)
@@ -188,6 +185,7 @@ func (s *Server) buildService(settings config.Settings, limiter window.Limiter) 
 func (s *Server) buildGRPC() error {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
+		grpc.ForceServerCodecV2(newWireCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -203,7 +201,7 @@ func (s *Server) buildGRPC() error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
 	}
 	s.grpc = grpc.NewServer(opts...)
-	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.rls)
+	registerRateLimitService(s.grpc, s.service)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger}))
 	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(observe.Options{Registry: s.breakers, Logger: s.logger}))
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)

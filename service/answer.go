@@ -147,6 +147,10 @@ func (s *Service) count(sc *scratch, st *ruleState, domain string, results []win
 		if p.breakerOff {
 			c.circuit.Add(hits)
 		}
+		if p.kind == kindBroken {
+			c.over.Add(hits)
+			continue
+		}
 		if p.best < 0 {
 			if !p.breakerOff {
 				c.within.Add(hits)
@@ -202,6 +206,8 @@ func (s *Service) conclude(sc *scratch, results []window.Result) {
 		switch p.kind {
 		case kindUnlimited:
 			a.remaining = UnlimitedRemaining
+		case kindBroken:
+			a.over = true
 		case kindLimited, kindOverride:
 			a.limit = &p.override
 			if p.kind == kindLimited {

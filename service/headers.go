@@ -240,12 +240,17 @@ const (
 // "key=value" strings (with their own hitsAddend when set), the request's
 // hitsAddend, and the metadata of the matched rules of every descriptor
 // answered OK, merged in request order (a later rule's key wins).
+// validUTF8 is a request string as a protobuf string field can carry it:
+// invalid UTF-8 (which a request may hold, see ShouldRateLimit) becomes
+// U+FFFD, since a response with invalid UTF-8 cannot be encoded.
+func validUTF8(v string) string { return strings.ToValidUTF8(v, "\uFFFD") }
+
 func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct {
 	descs := make([]*structpb.Value, len(req.GetDescriptors()))
 	for i, d := range req.GetDescriptors() {
 		entries := make([]*structpb.Value, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
-			entries[j] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+			entries[j] = structpb.NewStringValue(validUTF8(e.GetKey() + "=" + e.GetValue()))
 		}
 		fields := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if h := d.GetHitsAddend(); h != nil {
@@ -261,7 +266,7 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct
 		hits = 1
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
-		metaDomain:      structpb.NewStringValue(req.GetDomain()),
+		metaDomain:      structpb.NewStringValue(validUTF8(req.GetDomain())),
 		metaDescriptors: structpb.NewListValue(&structpb.ListValue{Values: descs}),
 		metaHitsAddend:  structpb.NewNumberValue(float64(hits)),
 	}}

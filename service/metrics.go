@@ -9,8 +9,8 @@ import (
 // Label values used when a label would otherwise exceed its cardinality cap
 // or carry no rule.
 const (
-	// OverflowLabel replaces a detailed metric key (or an unknown domain)
-	// once the cap of distinct values has been reached.
+	// OverflowLabel replaces a detailed metric key once the cap of distinct
+	// values has been reached.
 	OverflowLabel = "_overflow_"
 	// OverrideLabel is the key label of descriptors limited by their own
 	// `limit` override that match no rule.
@@ -22,17 +22,26 @@ const (
 	// DefaultMaxDetailedKeys is the most distinct detailed metric keys one
 	// rule reports before further ones are counted under OverflowLabel.
 	DefaultMaxDetailedKeys = 1000
-	// maxUnknownDomains is the most distinct unknown domains reported by
-	// domain_not_found before further ones are counted under OverflowLabel.
-	maxUnknownDomains = 100
 )
 
 // Values of the err_type label of ratelimit_service_should_rate_limit_error.
 const (
-	errTypeInvalid  = "invalid_request"
 	errTypeNoConfig = "no_config"
 	errTypeLimiter  = "limiter"
-	errTypeConfig   = "rule_config"
+)
+
+// Values of the reason label of leapgate_requests_refused_total: input the
+// service did not take as sent.
+const (
+	// refusedTooManyDescriptors: the request had more than MaxDescriptors
+	// descriptors and was answered OVER_LIMIT.
+	refusedTooManyDescriptors = "too_many_descriptors"
+	// refusedBadOverride: a descriptor's limit override could not be laid
+	// out and was ignored (the descriptor was answered by its rule).
+	refusedBadOverride = "invalid_limit_override"
+	// refusedBrokenRule: the descriptor matched a rule the service cannot
+	// serve (see Service.CheckRules) and was answered OVER_LIMIT.
+	refusedBrokenRule = "rule_not_servable"
 )
 
 // metrics holds the service's Prometheus collectors. Per-rule label children
@@ -47,15 +56,15 @@ type metrics struct {
 	circuitOpen *prometheus.CounterVec
 
 	globalShadow   prometheus.Counter
-	domainNotFound *prometheus.CounterVec
+	domainNotFound prometheus.Counter
 	errors         *prometheus.CounterVec
+	refused        *prometheus.CounterVec
 
 	maxDetailed int
 
-	mu          sync.Mutex
-	detailed    map[string]*detailedCounters // by domain + "\x00" + rule ID; survives reloads
-	overrides   map[string]*ruleCounters     // by domain
-	unknownSeen map[string]prometheus.Counter
+	mu        sync.Mutex
+	detailed  map[string]*detailedCounters // by domain + "\x00" + rule ID; survives reloads
+	overrides map[string]*ruleCounters     // by domain
 }
 
 // ruleCounters are the label children of one (domain, key) pair.
@@ -83,30 +92,38 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 			Name: "ratelimit_service_global_shadow_mode",
 			Help: "Requests answered OK only because global shadow mode (SHADOW_MODE) is on.",
 		}),
-		domainNotFound: prometheus.NewCounterVec(prometheus.CounterOpts{
+		// No domain label: the domain is the caller's choice (the log line
+		// names it, rate-limited).
+		domainNotFound: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_service_domain_not_found",
-			Help: "Requests for a domain that no rule file defines.",
-		}, []string{"domain"}),
+			Help: "Requests for a domain that no rule file defines (answered OK).",
+		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_service_should_rate_limit_error",
 			Help: "ShouldRateLimit calls answered with an error, by cause.",
 		}, []string{"err_type"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_requests_refused_total",
+			Help: "Rate-limit input not taken as sent, by reason: too_many_descriptors (request answered OVER_LIMIT), invalid_limit_override (descriptor answered by its rule), rule_not_servable (descriptor answered OVER_LIMIT).",
+		}, []string{"reason"}),
 		maxDetailed: maxDetailed,
 		detailed:    make(map[string]*detailedCounters),
 		overrides:   make(map[string]*ruleCounters),
-		unknownSeen: make(map[string]prometheus.Counter),
 	}
 	for _, c := range []prometheus.Collector{
 		m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen,
-		m.globalShadow, m.domainNotFound, m.errors,
+		m.globalShadow, m.domainNotFound, m.errors, m.refused,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	// Pre-create the error children so that every cause is exported as 0.
-	for _, t := range []string{errTypeInvalid, errTypeNoConfig, errTypeLimiter, errTypeConfig} {
+	for _, t := range []string{errTypeNoConfig, errTypeLimiter} {
 		m.errors.WithLabelValues(t)
+	}
+	for _, r := range []string{refusedTooManyDescriptors, refusedBadOverride, refusedBrokenRule} {
+		m.refused.WithLabelValues(r)
 	}
 	return m, nil
 }
@@ -156,27 +173,6 @@ func (m *metrics) detailedFor(domain, ruleID string) *detailedCounters {
 		m.detailed[id] = d
 	}
 	return d
-}
-
-// notFound counts a request for an unknown domain, capping distinct labels.
-func (m *metrics) notFound(domain string) {
-	m.mu.Lock()
-	c, ok := m.unknownSeen[domain]
-	if !ok {
-		label := domain
-		if len(m.unknownSeen) >= maxUnknownDomains {
-			label = OverflowLabel
-		} else {
-			domain = cloneString(domain)
-			label = domain
-		}
-		c = m.domainNotFound.WithLabelValues(label)
-		if label != OverflowLabel {
-			m.unknownSeen[domain] = c
-		}
-	}
-	m.mu.Unlock()
-	c.Inc()
 }
 
 func (m *metrics) error(errType string) { m.errors.WithLabelValues(errType).Inc() }

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -8,8 +9,6 @@ import (
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/window"
@@ -23,6 +22,7 @@ const (
 	kindUnlimited                 // unlimited rule
 	kindLimited                   // rule limits, checked by the limiter
 	kindOverride                  // the descriptor's own limit
+	kindBroken                    // matched rule cannot be served: OVER_LIMIT
 )
 
 // answer is the decision for one descriptor, from which its status, the
@@ -60,8 +60,9 @@ type plan struct {
 }
 
 // plan matches every descriptor to a rule and decides how it is answered,
-// applying replaces.
-func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) error {
+// applying replaces. Each descriptor is planned on its own: nothing one
+// descriptor holds changes another's plan (see ShouldRateLimit).
+func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) {
 	descs := req.GetDescriptors()
 	defaultHits := uint64(req.GetHitsAddend())
 	if defaultHits == 0 {
@@ -92,12 +93,13 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 		p.refund = d.GetIsNegativeHits()
 		if r := st.set.Match(domain, p.entries); r != nil {
 			p.info = st.info(s, r)
-			if p.info.err != nil {
-				s.metrics.error(errTypeConfig)
-				return status.Errorf(codes.Internal, "rate limit rule %s cannot be served: %v", r.ID, p.info.err)
-			}
 			p.shadow = r.ShadowMode
 			switch {
+			case p.info.err != nil:
+				s.metrics.refused.WithLabelValues(refusedBrokenRule).Inc()
+				s.inputWarn.log(s.log, "rate limit rule cannot be served; descriptor answered OVER_LIMIT",
+					"rule", r.ID, "file", r.File, "line", r.Line, "err", p.info.err)
+				p.kind, p.over, p.shadow = kindBroken, true, false
 			case r.Unlimited:
 				p.kind = kindUnlimited
 			case len(p.info.limits) > 0:
@@ -105,20 +107,20 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 				p.quota = r.QuotaMode
 			}
 		}
-		if l := d.GetLimit(); l != nil {
-			li, err := s.overrideLimit(l)
-			if err != nil {
-				s.metrics.error(errTypeInvalid)
-				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override: %v", len(sc.plans), err)
+		if l := d.GetLimit(); l != nil && p.kind != kindBroken {
+			if li, err := s.overrideLimit(l); err != nil {
+				s.metrics.refused.WithLabelValues(refusedBadOverride).Inc()
+				s.inputWarn.log(s.log, "descriptor limit override ignored; answered by its rule",
+					"domain", loggable(domain), "descriptor", len(sc.plans), "err", err)
+			} else {
+				p.kind = kindOverride
+				p.override = li
+				p.shadow, p.quota = false, false
 			}
-			p.kind = kindOverride
-			p.override = li
-			p.shadow, p.quota = false, false
 		}
 		sc.plans = append(sc.plans, p)
 	}
 	applyReplaces(sc.plans)
-	return nil
 }
 
 // overrideLimit turns a descriptor's own limit into a limitInfo.
@@ -132,7 +134,13 @@ func (s *Service) overrideLimit(l *rlcommonv3.RateLimitDescriptor_RateLimitOverr
 		Unit:            descriptors.Unit(l.GetUnit()),
 		UnitMultiplier:  mult,
 	}
-	if u := lim.Unit.Duration(); u <= 0 || time.Duration(mult) > math.MaxInt64/u {
+	if lim.Unit.Duration() == 0 {
+		return limitInfo{}, fmt.Errorf("unknown unit %v", l.GetUnit())
+	}
+	if mult == 0 {
+		return limitInfo{}, errors.New("unit_multiplier must not be 0")
+	}
+	if u := lim.Unit.Duration(); time.Duration(mult) > math.MaxInt64/u {
 		return limitInfo{}, fmt.Errorf("window of %d × %v is too long", mult, l.GetUnit())
 	}
 	spec, err := window.NewSpec(lim.Window(), s.buckets)

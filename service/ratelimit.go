@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -102,13 +102,27 @@ func (sc *scratch) reset() {
 // mode then forces it to OK. Hits are recorded only for an admitted request
 // (all-or-nothing): an OVER_LIMIT answer consumes no quota.
 //
-// Errors: InvalidArgument for a malformed request, Unavailable when no rules
-// are loaded, a *LimiterError when the limiter fails.
+// Every descriptor is answered on its own terms, so that no descriptor can
+// turn the others' answers into an error (which Envoy, by default, lets
+// through):
+//   - an unknown or empty domain, a descriptor with no entries, an entry
+//     with an empty key, or more entries than any rule is deep matches no
+//     rule: OK with no limit (a limit override still applies);
+//   - a value of any length or bytes (invalid UTF-8 included) is matched and
+//     keyed like any other (descriptors.Rule.AppendKey keys long values by
+//     their digest);
+//   - a limit override that cannot be laid out (unknown unit, multiplier 0,
+//     a window too long) is ignored: the descriptor is answered by its rule;
+//   - a matched rule that cannot be served (see CheckRules) answers
+//     OVER_LIMIT, so a broken rule lifts no limit.
+//
+// A request with more than Options.MaxDescriptors descriptors is answered
+// OVER_LIMIT for every descriptor without being counted, and counted in
+// leapgate_requests_refused_total. A nil request is an empty one.
+//
+// Errors: Unavailable when no rules are loaded, a *LimiterError when the
+// limiter fails.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	if err := validate(req); err != nil {
-		s.metrics.error(errTypeInvalid)
-		return nil, err
-	}
 	st := s.state.Load()
 	if st == nil {
 		s.metrics.error(errTypeNoConfig)
@@ -116,8 +130,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	domain := req.GetDomain()
 	descs := req.GetDescriptors()
+	if len(descs) > s.maxDescriptors {
+		return s.refuseOversized(req), nil
+	}
 	if !st.set.HasDomain(domain) {
-		s.metrics.notFound(domain)
+		s.metrics.domainNotFound.Inc()
+		s.domainWarn.log(s.log, "request for a domain no rule file defines; answered OK",
+			"domain", loggable(domain), "descriptors", len(descs))
 		resp := allOK(len(descs))
 		if s.metadata {
 			resp.DynamicMetadata = dynamicMetadata(req, nil)
@@ -133,9 +152,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}()
 
-	if err := s.plan(sc, st, req); err != nil {
-		return nil, err
-	}
+	s.plan(sc, st, req)
 	s.buildRequests(sc, domain)
 
 	var results []window.Result
@@ -182,35 +199,36 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, nil
 }
 
-// validate rejects malformed requests with InvalidArgument.
-func validate(req *rlsv3.RateLimitRequest) error {
-	if req.GetDomain() == "" {
-		return status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+// refuseOversized answers a request with more descriptors than the service
+// takes: every descriptor OVER_LIMIT (OK overall in global shadow mode),
+// nothing counted.
+func (s *Service) refuseOversized(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	n := len(req.GetDescriptors())
+	s.metrics.refused.WithLabelValues(refusedTooManyDescriptors).Inc()
+	s.inputWarn.log(s.log, "request with too many descriptors answered OVER_LIMIT",
+		"domain", loggable(req.GetDomain()), "descriptors", n, "max", s.maxDescriptors)
+	resp := allOK(n)
+	for _, st := range resp.Statuses {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	descs := req.GetDescriptors()
-	if len(descs) == 0 {
-		return status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	if s.shadow {
+		s.metrics.globalShadow.Inc()
+	} else {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	for i, d := range descs {
-		entries := d.GetEntries()
-		if len(entries) == 0 {
-			return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d has no entries", i)
-		}
-		for j, e := range entries {
-			if e.GetKey() == "" {
-				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d, entry %d: key must not be empty", i, j)
-			}
-		}
-		if l := d.GetLimit(); l != nil {
-			if l.GetUnit() == typev3.RateLimitUnit_UNKNOWN || descriptors.Unit(l.GetUnit()).Duration() == 0 {
-				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override has unknown unit %v", i, l.GetUnit())
-			}
-			if m := l.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
-				return status.Errorf(codes.InvalidArgument, "rate limit descriptor %d: limit override unit_multiplier must not be 0", i)
-			}
-		}
+	return resp
+}
+
+// maxLoggedBytes caps a caller-chosen string in a log line.
+const maxLoggedBytes = 256
+
+// loggable is a caller-chosen string as it may appear in a log line: valid
+// UTF-8, at most maxLoggedBytes long.
+func loggable(v string) string {
+	if len(v) > maxLoggedBytes {
+		v = v[:maxLoggedBytes] + "…"
 	}
-	return nil
+	return strings.ToValidUTF8(v, "\uFFFD")
 }
 
 // allOK answers n descriptors OK with no limit.

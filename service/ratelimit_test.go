@@ -330,30 +330,79 @@ func checkReason(t testing.TB, resp *rlsv3.RateLimitResponse, want string) {
 	}
 }
 
-func TestShouldRateLimitErrors(t *testing.T) {
+// TestOddDescriptorsAreAnsweredAlone sends, next to a descriptor over its
+// limit, a descriptor that is odd in one way: each is answered on its own
+// and the request stays OVER_LIMIT (an error would let Envoy pass it).
+func TestOddDescriptorsAreAnsweredAlone(t *testing.T) {
+	ban := desc("ban", "x") // limit 0: always over
+	long := strings.Repeat("u", 64<<10)
+	tests := []struct {
+		name string
+		odd  *rlcommonv3.RateLimitDescriptor
+		want *dstatus
+	}{
+		{"nil descriptor", nil, wantPlain()},
+		{"descriptor without entries", desc(), wantPlain()},
+		{"nil entry", &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{nil}}, wantPlain()},
+		{"empty key", desc("k", "exact", "", "v"), wantPlain()},
+		{"more entries than any rule is deep", desc(strings.Split(strings.Repeat("user,x,", 40), ",")[:80]...), wantPlain()},
+		{"invalid UTF-8 value is limited", desc("user", "\xff\xfe"), wantOK(lim(2, minute, ""), 1, 66*time.Second)},
+		{"64 KiB value is limited", desc("user", long), wantOK(lim(2, minute, ""), 1, 66*time.Second)},
+		{"override with unknown unit: the rule answers", with(desc("user", "o1"), override(1, typev3.RateLimitUnit_UNKNOWN, 0)), wantOK(lim(2, minute, ""), 1, 66*time.Second)},
+		{"override with multiplier 0: the rule answers", with(desc("user", "o2"), override(1, typev3.RateLimitUnit_SECOND, 0),
+			func(d *rlcommonv3.RateLimitDescriptor) { d.Limit.UnitMultiplier = wrapperspb.UInt32(0) }), wantOK(lim(2, minute, ""), 1, 66*time.Second)},
+		{"override window overflows: the rule answers", with(desc("user", "o3"), override(1, typev3.RateLimitUnit_YEAR, math.MaxUint32)), wantOK(lim(2, minute, ""), 1, 66*time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, mustParse(t, testRules), nil)
+			resp, err := h.call(req("test", ban, tt.odd))
+			if err != nil {
+				t.Fatalf("error %v: Envoy would let the request through", err)
+			}
+			if resp.OverallCode != codeOver {
+				t.Errorf("overall %v, want OVER_LIMIT", resp.OverallCode)
+			}
+			if len(resp.Statuses) != 2 {
+				t.Fatalf("%d statuses, want 2", len(resp.Statuses))
+			}
+			checkStatuses(t, &rlsv3.RateLimitResponse{Statuses: resp.Statuses[:1]}, []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)})
+			if got := resp.Statuses[1]; got.Code != tt.want.Code || (got.CurrentLimit == nil) != (tt.want.CurrentLimit == nil) {
+				t.Errorf("odd descriptor next to an over-limit one: %v, want code %v with limit %v", got, tt.want.Code, tt.want.CurrentLimit)
+			}
+			// Alone, the odd descriptor is answered as it says (its
+			// over-limit neighbour recorded nothing).
+			resp, err = h.call(req("test", tt.odd))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkStatuses(t, resp, []*dstatus{tt.want})
+		})
+	}
+}
+
+// TestOddRequests covers what is odd about a whole request.
+func TestOddRequests(t *testing.T) {
 	tests := []struct {
 		name    string
 		req     *rlsv3.RateLimitRequest
+		mod     func(*Options)
 		noRules bool
-		code    codes.Code
-		msg     string
+		code    codes.Code // error code; OK for an answer
+		overall rlsv3.RateLimitResponse_Code
+		n       int     // statuses
+		refused float64 // leapgate_requests_refused_total{too_many_descriptors}
 	}{
-		{name: "nil request", req: nil, code: codes.InvalidArgument, msg: "rate limit domain must not be empty"},
-		{name: "empty domain", req: req("", desc("k", "v")), code: codes.InvalidArgument, msg: "rate limit domain must not be empty"},
-		{name: "no descriptors", req: req("test"), code: codes.InvalidArgument, msg: "rate limit descriptor list must not be empty"},
-		{name: "nil descriptor", req: req("test", desc("k", "exact"), nil), code: codes.InvalidArgument, msg: "rate limit descriptor 1 has no entries"},
-		{name: "descriptor without entries", req: req("test", desc()), code: codes.InvalidArgument, msg: "rate limit descriptor 0 has no entries"},
-		{name: "nil entry", req: req("test", &rlcommonv3.RateLimitDescriptor{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{nil}}),
-			code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 0: key must not be empty"},
-		{name: "empty key", req: req("test", desc("k", "exact", "", "v")), code: codes.InvalidArgument, msg: "rate limit descriptor 0, entry 1: key must not be empty"},
-		{name: "override with unknown unit", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_UNKNOWN, 0))),
-			code: codes.InvalidArgument, msg: "limit override has unknown unit"},
-		{name: "override with multiplier 0", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0),
-			func(d *rlcommonv3.RateLimitDescriptor) { d.Limit.UnitMultiplier = wrapperspb.UInt32(0) })),
-			code: codes.InvalidArgument, msg: "unit_multiplier must not be 0"},
-		{name: "override window overflows", req: req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_YEAR, math.MaxUint32))),
-			code: codes.InvalidArgument, msg: "is too long"},
-		{name: "no rules loaded", req: req("test", desc("k", "exact")), noRules: true, code: codes.Unavailable, msg: "no rate limit configuration loaded"},
+		{name: "nil request", req: nil, overall: codeOK},
+		{name: "empty domain", req: req("", desc("k", "v")), overall: codeOK, n: 1},
+		{name: "unknown domain", req: req("\xffnope", desc("k", "v")), overall: codeOK, n: 1},
+		{name: "no descriptors", req: req("test"), overall: codeOK},
+		{name: "descriptors at the bound", req: req("test", descs(DefaultMaxDescriptors)...), overall: codeOK, n: DefaultMaxDescriptors},
+		{name: "too many descriptors", req: req("test", descs(DefaultMaxDescriptors+1)...), overall: codeOver, n: DefaultMaxDescriptors + 1, refused: 1},
+		{name: "too many descriptors, set bound", req: req("test", descs(3)...), mod: func(o *Options) { o.MaxDescriptors = 2 }, overall: codeOver, n: 3, refused: 1},
+		{name: "too many descriptors in global shadow mode", req: req("test", descs(3)...),
+			mod: func(o *Options) { o.MaxDescriptors = 2; o.ShadowMode = true }, overall: codeOK, n: 3, refused: 1},
+		{name: "no rules loaded", req: req("test", desc("k", "exact")), noRules: true, code: codes.Unavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -361,17 +410,38 @@ func TestShouldRateLimitErrors(t *testing.T) {
 			if tt.noRules {
 				set = nil
 			}
-			h := newHarness(t, set, nil)
+			h := newHarness(t, set, tt.mod)
 			resp, err := h.call(tt.req)
-			if err == nil {
-				t.Fatalf("no error; response %v", resp)
+			if code := grpcstatus.Code(err); code != tt.code {
+				t.Fatalf("code %v (%v), want %v", code, err, tt.code)
 			}
-			st, _ := grpcstatus.FromError(err)
-			if st.Code() != tt.code || !strings.Contains(st.Message(), tt.msg) {
-				t.Errorf("got %v %q, want %v containing %q", st.Code(), st.Message(), tt.code, tt.msg)
+			if err != nil {
+				return
+			}
+			if resp.OverallCode != tt.overall || len(resp.Statuses) != tt.n {
+				t.Errorf("overall %v with %d statuses, want %v with %d", resp.OverallCode, len(resp.Statuses), tt.overall, tt.n)
+			}
+			if tt.refused > 0 {
+				for i, st := range resp.Statuses {
+					if st.Code != codeOver {
+						t.Errorf("status %d: %v, want OVER_LIMIT", i, st.Code)
+					}
+				}
+			}
+			if got := testutil.ToFloat64(h.svc.metrics.refused.WithLabelValues(refusedTooManyDescriptors)); got != tt.refused {
+				t.Errorf("requests_refused_total{too_many_descriptors} = %v, want %v", got, tt.refused)
 			}
 		})
 	}
+}
+
+// descs returns n distinct descriptors of the value-less user rule.
+func descs(n int) []*rlcommonv3.RateLimitDescriptor {
+	out := make([]*rlcommonv3.RateLimitDescriptor, n)
+	for i := range out {
+		out[i] = desc("user", fmt.Sprint("u", i))
+	}
+	return out
 }
 
 func TestSetRules(t *testing.T) {
@@ -422,9 +492,15 @@ descriptors:
 		t.Fatalf("CheckRules = %v, want a divisibility error", err)
 	}
 	h.svc.SetRules(set)
-	_, err = h.call(req("d", desc("w", "x")))
-	if grpcstatus.Code(err) != codes.Internal {
-		t.Fatalf("request on an unservable rule: %v, want Internal", err)
+	// Served anyway, the rule answers OVER_LIMIT: it lifts no limit, and
+	// leaves the other descriptors their own answers.
+	resp, err := h.call(req("d", desc("w", "x"), desc("other", "y")))
+	if err != nil || resp.OverallCode != codeOver {
+		t.Fatalf("request on an unservable rule: %v %v, want OVER_LIMIT", resp, err)
+	}
+	checkStatuses(t, resp, []*dstatus{wantOver(nil, 0, 0), wantPlain()})
+	if got := testutil.ToFloat64(h.svc.metrics.refused.WithLabelValues(refusedBrokenRule)); got != 1 {
+		t.Errorf("requests_refused_total{rule_not_servable} = %v, want 1", got)
 	}
 	// The other algorithms have no buckets: any window length fits.
 	algo := mustParse(t, `

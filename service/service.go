@@ -56,6 +56,9 @@ import (
 // are counted as near_limit, as NEAR_LIMIT_RATIO in envoyproxy/ratelimit.
 const DefaultNearLimitRatio = 0.8
 
+// DefaultMaxDescriptors is the default of Options.MaxDescriptors.
+const DefaultMaxDescriptors = 64
+
 // Options configure a Service.
 type Options struct {
 	// Limiter admits the hits of every request; required.
@@ -92,6 +95,10 @@ type Options struct {
 	// dynamic_metadata with the domain, the descriptors, the hits and the
 	// metadata of the matched rules of the descriptors answered OK.
 	DynamicMetadata bool
+	// MaxDescriptors is the most descriptors one request may carry
+	// (MAX_DESCRIPTORS_PER_REQUEST; DefaultMaxDescriptors if 0): a request
+	// with more is answered OVER_LIMIT for every descriptor.
+	MaxDescriptors int
 	// MaxDetailedKeys caps the distinct metric keys of one rule with
 	// detailed_metric or value_to_metric (DefaultMaxDetailedKeys if 0);
 	// further values are counted under OverflowLabel.
@@ -106,12 +113,18 @@ type Service struct {
 	limiter  window.Limiter
 	breakers Breakers
 	log      *slog.Logger
-	// backendWarn keeps a backend outage from logging once per request.
+	// backendWarn keeps a backend outage from logging once per request;
+	// domainWarn and inputWarn do the same for unknown domains and for
+	// input not taken as sent.
 	backendWarn throttledLog
-	shadow      bool
-	buckets     int
-	nearRatio   float64
-	metrics     *metrics
+	domainWarn  throttledLog
+	inputWarn   throttledLog
+	// maxDescriptors bounds the descriptors of one request.
+	maxDescriptors int
+	shadow         bool
+	buckets        int
+	nearRatio      float64
+	metrics        *metrics
 
 	headers     HeaderMode
 	headerNames headerNames
@@ -166,14 +179,19 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service: registering metrics: %w", err)
 	}
+	maxDescs := opts.MaxDescriptors
+	if maxDescs <= 0 {
+		maxDescs = DefaultMaxDescriptors
+	}
 	s := &Service{
-		limiter:   opts.Limiter,
-		breakers:  opts.Breakers,
-		log:       log,
-		shadow:    opts.ShadowMode,
-		buckets:   buckets,
-		nearRatio: ratio,
-		metrics:   m,
+		maxDescriptors: maxDescs,
+		limiter:        opts.Limiter,
+		breakers:       opts.Breakers,
+		log:            log,
+		shadow:         opts.ShadowMode,
+		buckets:        buckets,
+		nearRatio:      ratio,
+		metrics:        m,
 
 		headers:     opts.ResponseHeaders,
 		headerNames: names,
@@ -184,8 +202,8 @@ func New(opts Options) (*Service, error) {
 }
 
 // SetRules atomically replaces the rule set; nil unloads every rule (the
-// service then answers Unavailable). Rules whose windows cannot be laid out
-// (see CheckRules) are logged and answer errors; validate with CheckRules
+// service then answers Unavailable). Rules that cannot be served (see
+// CheckRules) are logged and answer OVER_LIMIT; validate with CheckRules
 // first to keep the previous set instead.
 func (s *Service) SetRules(set *descriptors.Set) {
 	s.reload.Lock()

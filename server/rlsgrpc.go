@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// The rate-limit service is registered with its own handler, which receives
+// the request's raw bytes and decodes them itself (decodeRateLimitRequest):
+// gRPC's proto codec refuses a request with invalid UTF-8 in a string
+// field and answers Internal, and any error lets Envoy (by default,
+// failure_mode_deny: false) pass the request unlimited. Decoding here, a
+// value with invalid UTF-8 is a value like any other, and a message that is
+// not protobuf at all is answered InvalidArgument.
+
+// wireMessage is a message left undecoded by wireCodec.
+type wireMessage struct{ b []byte }
+
+// wireCodec is gRPC's proto codec, except that it hands a *wireMessage its
+// bytes undecoded. It is the server's codec for every service.
+type wireCodec struct{ proto encoding.CodecV2 }
+
+func newWireCodec() wireCodec { return wireCodec{proto: encoding.GetCodecV2("proto")} }
+
+func (c wireCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+
+func (c wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if w, ok := v.(*wireMessage); ok {
+		w.b = data.Materialize()
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+func (c wireCodec) Name() string { return c.proto.Name() }
+
+// registerRateLimitService registers srv as
+// envoy.service.ratelimit.v3.RateLimitService on s, decoding requests with
+// decodeRateLimitRequest. s must use wireCodec (grpc.ForceServerCodecV2).
+func registerRateLimitService(s *grpc.Server, srv rlsv3.RateLimitServiceServer) {
+	desc := grpc.ServiceDesc{
+		ServiceName: rlsv3.RateLimitService_ServiceDesc.ServiceName,
+		HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "ShouldRateLimit",
+			Handler:    shouldRateLimitHandler,
+		}},
+		Metadata: rlsv3.RateLimitService_ServiceDesc.Metadata,
+	}
+	s.RegisterService(&desc, srv)
+}
+
+// shouldRateLimitHandler is the unary handler of ShouldRateLimit: the
+// interceptors see the call before decoding, so that a request that does
+// not decode is timed and counted like any other.
+func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(wireMessage)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	handle := func(ctx context.Context, req any) (any, error) {
+		r, err := decodeRateLimitRequest(req.(*wireMessage).b)
+		if err != nil {
+			return nil, err
+		}
+		return srv.(rlsv3.RateLimitServiceServer).ShouldRateLimit(ctx, r)
+	}
+	if interceptor == nil {
+		return handle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, in, info, handle)
+}
+
+// decodeRateLimitRequest decodes a RateLimitRequest from its wire bytes,
+// taking strings with invalid UTF-8 as they are (unmarshalLenient). Bytes
+// that are not a RateLimitRequest are an InvalidArgument error.
+func decodeRateLimitRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
+	req := new(rlsv3.RateLimitRequest)
+	if err := proto.Unmarshal(b, req); err == nil {
+		return req, nil
+	}
+	// The common case took the fast path; only invalid UTF-8 or a
+	// malformed message comes here.
+	proto.Reset(req)
+	if err := unmarshalLenient(b, req.ProtoReflect()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "malformed RateLimitRequest: %v", err)
+	}
+	return req, nil
+}
