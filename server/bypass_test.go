@@ -26,9 +26,12 @@ import (
 // rawCodec sends and receives messages as the bytes they are.
 type rawCodec struct{}
 
-func (rawCodec) Marshal(v any) ([]byte, error)      { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error { *v.(*[]byte) = append([]byte(nil), data...); return nil }
-func (rawCodec) Name() string                       { return "proto" }
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
 
 // rawCall sends msg as a ShouldRateLimit request and decodes the answer.
 func rawCall(t *testing.T, cc *grpc.ClientConn, msg []byte) (*rlsv3.RateLimitResponse, error) {
