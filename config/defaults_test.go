@@ -43,6 +43,7 @@ var documentedDefaults = map[string]string{
 	"BREAKER_ROUTE_KEY":                    "route",
 	"BREAKER_HEADERS":                      "",
 	"MAX_KEYS":                             "1000000",
+	"MAX_MEMORY_BYTES":                     "134217728",
 	"SWEEP_INTERVAL":                       "10s",
 	"BACKEND_TYPE":                         "memory",
 	"REDIS_SOCKET_TYPE":                    "tcp",

@@ -146,6 +146,13 @@ type Settings struct {
 	// beyond it the least recently used is evicted (counted in
 	// leapgate_memory_evictions_total). 0 means no bound.
 	MaxKeys int `envconfig:"MAX_KEYS" default:"1000000"`
+	// MaxMemoryBytes bounds the bytes the in-memory backend's counters take
+	// (leapgate_memory_bytes): a sliding-window key costs 320 bytes, a
+	// sliding_log key 8 per unit of its limit. Beyond it the least recently
+	// used are evicted, as for MAX_KEYS. The default, 128 MiB, holds about
+	// 400,000 sliding-window keys; the process's heap is larger by the
+	// garbage collector's headroom (GOGC). 0 means no bound.
+	MaxMemoryBytes int `envconfig:"MAX_MEMORY_BYTES" default:"134217728"`
 	// SweepInterval is how often the in-memory backend reclaims counters
 	// with nothing left inside their window.
 	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"10s"`
@@ -333,6 +340,9 @@ func (s Settings) Validate() error {
 	}
 	if s.MaxKeys < 0 {
 		bad("MAX_KEYS", "must not be negative, got %d", s.MaxKeys)
+	}
+	if s.MaxMemoryBytes < 0 {
+		bad("MAX_MEMORY_BYTES", "must not be negative, got %d", s.MaxMemoryBytes)
 	}
 	if s.SweepInterval <= 0 {
 		bad("SWEEP_INTERVAL", "must be positive, got %v", s.SweepInterval)

@@ -36,9 +36,9 @@ func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logge
 }
 
 // newMemoryBackend keeps every window in this process, bounded by MAX_KEYS
-// and swept of idle counters every SWEEP_INTERVAL.
+// and MAX_MEMORY_BYTES and swept of idle counters every SWEEP_INTERVAL.
 func newMemoryBackend(s config.Settings, reg prometheus.Registerer) backend {
-	store := window.NewStore(window.StoreOptions{MaxKeys: s.MaxKeys})
+	store := window.NewStore(window.StoreOptions{MaxKeys: s.MaxKeys, MaxBytes: int64(s.MaxMemoryBytes)})
 	stat := func(f func(window.StoreStats) float64) func() float64 {
 		return func() float64 { return f(store.Stats()) }
 	}
@@ -47,9 +47,13 @@ func newMemoryBackend(s config.Settings, reg prometheus.Registerer) backend {
 			Name: "leapgate_memory_keys",
 			Help: "Counters held by the in-memory backend.",
 		}, stat(func(st window.StoreStats) float64 { return float64(st.Keys) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "leapgate_memory_bytes",
+			Help: "Bytes the in-memory backend's counters take, as bounded by MAX_MEMORY_BYTES.",
+		}, stat(func(st window.StoreStats) float64 { return float64(st.Bytes) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "leapgate_memory_evictions_total",
-			Help: "Counters evicted (least recently used) because MAX_KEYS was reached; their hits are forgotten.",
+			Help: "Counters evicted (least recently used) because MAX_KEYS or MAX_MEMORY_BYTES was reached; their hits are forgotten.",
 		}, stat(func(st window.StoreStats) float64 { return float64(st.Evictions) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "leapgate_memory_reclaims_total",

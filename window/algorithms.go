@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Algorithm selects how a key's counter admits hits.
@@ -101,6 +102,9 @@ type meter interface {
 	idleAt(now time.Duration) bool
 	LastUsed() time.Duration
 	layout() (Spec, Algorithm)
+	// footprint is the heap bytes the counter holds now: the struct and
+	// what it points to, rounded to Go's allocation size classes.
+	footprint() int64
 }
 
 func newMeter(spec Spec, alg Algorithm) meter {
@@ -123,6 +127,9 @@ func (c *BucketCounter) refund(now time.Duration, hits, limit uint64) Result {
 	return c.AllowAt(now, 0, limit)
 }
 func (c *BucketCounter) layout() (Spec, Algorithm) { return c.Spec(), TimeBuckets }
+func (c *BucketCounter) footprint() int64 {
+	return sizeClass(int64(unsafe.Sizeof(*c))) + sizeClass(int64(len(c.slots))*8)
+}
 
 // GCRA is a token bucket kept as one theoretical arrival time (TAT) per
 // key, updated by compare-and-swap (the generic cell rate algorithm). With
@@ -218,6 +225,7 @@ func (g *GCRA) giveBack(t int64, hits, limit uint64) {
 func (g *GCRA) idleAt(now time.Duration) bool { return g.tat.Load() <= g.clamp(now) }
 
 func (g *GCRA) layout() (Spec, Algorithm) { return g.spec, TokenBucket }
+func (g *GCRA) footprint() int64          { return sizeClass(int64(unsafe.Sizeof(*g))) }
 
 // interval is the emission interval for limit: W/limit rounded up, so the
 // sustained rate never exceeds limit per window.
@@ -373,3 +381,23 @@ func (f *FixedCounter) idleAt(now time.Duration) bool {
 }
 
 func (f *FixedCounter) layout() (Spec, Algorithm) { return f.spec, FixedWindow }
+func (f *FixedCounter) footprint() int64          { return sizeClass(int64(unsafe.Sizeof(*f))) }
+
+// sizeClass is the size of the heap allocation Go makes for n bytes: its
+// small-object size classes up to 32 KiB (approximated from above: the
+// next multiple of 16 up to 256 bytes, of 128 up to 2 KiB, of 1 KiB up to
+// 32 KiB), whole 8 KiB pages beyond.
+func sizeClass(n int64) int64 {
+	round := func(n, to int64) int64 { return (n + to - 1) / to * to }
+	switch {
+	case n <= 0:
+		return 0
+	case n <= 256:
+		return round(n, 16)
+	case n <= 2048:
+		return round(n, 128)
+	case n <= 32<<10:
+		return round(n, 1024)
+	}
+	return round(n, 8192)
+}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Blocks is the number of closed blocks a Counter remembers. A limit of at
@@ -213,6 +214,8 @@ func (c *Counter) idleAt(now time.Duration) bool { return c.CountAt(now) == 0 }
 func (c *Counter) layout() (Spec, Algorithm) {
 	return Spec{length: c.window, buckets: 1}, SlidingWindow
 }
+
+func (c *Counter) footprint() int64 { return sizeClass(int64(unsafe.Sizeof(*c))) }
 
 // quotaFor is the quota of an empty window under limit: the limit itself
 // for an exact log, else the limit the block sizes divide.

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // MaxLogLimit is the largest limit the SlidingLog algorithm enforces: its
@@ -44,6 +45,10 @@ type LogCounter struct {
 	ring []int64 // timestamps of admitted hits; entries head .. head+n-1 (mod len) oldest first
 	head int32   // int32: the header fits a 64-byte allocation (len(ring) <= MaxLogLimit)
 	n    int32
+	// grown is the change in footprint since the Store last took it
+	// (takeGrowth): resizing the ring is the one way a counter's size
+	// changes after it was created.
+	grown atomic.Int64
 }
 
 // NewLogCounter returns an empty exact sliding log over spec.Length() (the
@@ -164,6 +169,16 @@ func (l *LogCounter) edge(now time.Duration) int64 {
 
 func (l *LogCounter) layout() (Spec, Algorithm) { return l.spec, SlidingLog }
 
+// footprint reads len(l.ring) without l.mu: the Store calls it with its
+// shard locked for writing, when no call is inside the counter.
+func (l *LogCounter) footprint() int64 {
+	return sizeClass(int64(unsafe.Sizeof(*l))) + sizeClass(int64(len(l.ring))*8)
+}
+
+// takeGrowth returns the change in footprint since the last call, and
+// forgets it.
+func (l *LogCounter) takeGrowth() int64 { return l.grown.Swap(0) }
+
 // advance clamps now to the newest time seen, drops the entries that left
 // the window and sizes the ring for limit; it returns the time to act at.
 // l.mu is held.
@@ -201,6 +216,7 @@ func (l *LogCounter) expire(t int64) {
 
 // resize gives the ring capacity c >= l.n, keeping every entry in order.
 func (l *LogCounter) resize(c int) {
+	l.grown.Add(sizeClass(int64(c)*8) - sizeClass(int64(len(l.ring))*8))
 	ring := make([]int64, c)
 	for i := range int(l.n) {
 		ring[i] = l.at(i)

@@ -223,3 +223,138 @@ func TestStoreSweepShrinksMaps(t *testing.T) {
 		t.Fatalf("after sweeping %d of %d keys the heap is still %d bytes above its start (burst: %d)", n-n/keep, n, left, grown)
 	}
 }
+
+// accountedBytes recomputes what Store.Stats().Bytes must say.
+func accountedBytes(s *Store) int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, c := range sh.m {
+			n += entryBytes + c.footprint()
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// A stream of distinct keys through a Store bounded by MaxBytes alone keeps
+// the accounted bytes and the heap within the bound, for every algorithm
+// (a sliding log of limit 1000 holds 8 KB), while a hot key keeps exactly
+// its limit.
+func TestStoreByteBudget(t *testing.T) {
+	const budget = 4 << 20
+	tests := []struct {
+		alg   Algorithm
+		limit uint64
+		keys  int
+	}{
+		{SlidingWindow, 10, 100_000},
+		{SlidingWindow, 1000, 100_000},
+		{TimeBuckets, 10, 100_000},
+		{TokenBucket, 10, 100_000},
+		{FixedWindow, 10, 100_000},
+		{SlidingLog, 10, 100_000},
+		{SlidingLog, 1000, 10_000},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/limit=%d", tt.alg, tt.limit), func(t *testing.T) {
+			spec := mustSpec(t, time.Minute, DefaultBuckets)
+			s := NewStore(StoreOptions{Clock: &fakeClock{}, MaxBytes: budget})
+			ctx := context.Background()
+			const hotLimit = 50
+			hot := []Request{{Key: "hot", Spec: spec, Limit: hotLimit, Hits: 1, Veto: true, Algorithm: tt.alg}}
+			req := []Request{{Spec: spec, Limit: tt.limit, Hits: 1, Veto: true, Algorithm: tt.alg}}
+			res := make([]Result, 1)
+			hotAdmitted := 0
+
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			var peakHeap uint64
+			var peakBytes int64
+			for i := range tt.keys {
+				now := time.Duration(i) * time.Microsecond // all in one window
+				req[0].Key = "k" + strconv.Itoa(i)
+				if err := s.DoAt(ctx, now, req, res); err != nil || !res[0].Allowed {
+					t.Fatalf("fresh key %d: %v %v", i, res[0], err)
+				}
+				if i%100 == 0 {
+					if err := s.DoAt(ctx, now, hot, res); err != nil {
+						t.Fatal(err)
+					}
+					if res[0].Allowed {
+						hotAdmitted++
+					}
+				}
+				peakBytes = max(peakBytes, s.Stats().Bytes)
+				if i%(tt.keys/5) == 0 {
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					peakHeap = max(peakHeap, after.HeapAlloc)
+				}
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			peakHeap = max(peakHeap, after.HeapAlloc)
+			st := s.Stats()
+			growth := int64(peakHeap) - int64(before.HeapAlloc)
+			t.Logf("%d keys: %d held, accounted peak %d B, heap growth %d B, %d evictions", tt.keys, st.Keys, peakBytes, growth, st.Evictions)
+			if got := accountedBytes(s); got != st.Bytes {
+				t.Fatalf("Stats().Bytes = %d, the counters held account for %d", st.Bytes, got)
+			}
+			if perKey := entryBytes + newMeterFor(spec, tt.alg, tt.limit).footprint(); peakBytes > budget+perKey {
+				t.Fatalf("accounted bytes peaked at %d, budget %d", peakBytes, budget)
+			}
+			// The maps' tables and the GC's timing add to the counters;
+			// what matters is that the heap follows the budget, not the
+			// key count.
+			if growth > budget*3/2+(1<<20) {
+				t.Fatalf("heap grew by %d bytes under a budget of %d", growth, budget)
+			}
+			if st.Evictions == 0 {
+				t.Fatal("no evictions: the budget was never reached")
+			}
+			if hotAdmitted != hotLimit {
+				t.Fatalf("hot key admitted %d in one window, limit %d", hotAdmitted, hotLimit)
+			}
+			s.Sweep(time.Hour)
+			if st := s.Stats(); st.Keys != 0 || st.Bytes != 0 {
+				t.Fatalf("after sweeping everything: %+v, want no keys and no bytes", st)
+			}
+		})
+	}
+}
+
+// newMeterFor is a counter of alg as the Store creates it for limit.
+func newMeterFor(spec Spec, alg Algorithm, limit uint64) meter {
+	m := newMeter(spec, alg)
+	m.AllowAt(0, 1, limit)
+	return m
+}
+
+// The accounting follows a sliding log whose limit is raised or lowered,
+// and a counter replaced by one of another layout.
+func TestStoreBytesFollowChanges(t *testing.T) {
+	spec := mustSpec(t, time.Minute, DefaultBuckets)
+	other := mustSpec(t, time.Hour, DefaultBuckets)
+	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	ctx := context.Background()
+	res := make([]Result, 1)
+	steps := []Request{
+		{Key: "a", Spec: spec, Limit: 10, Hits: 1, Algorithm: SlidingLog},
+		{Key: "a", Spec: spec, Limit: 5000, Hits: 1, Algorithm: SlidingLog}, // ring grows
+		{Key: "a", Spec: spec, Limit: 3, Hits: 0, Algorithm: SlidingLog},    // may shrink
+		{Key: "a", Spec: spec, Limit: 3, Hits: 1, Algorithm: SlidingLog, Negative: true},
+		{Key: "a", Spec: other, Limit: 3, Hits: 1},                          // replaced
+		{Key: "b", Spec: spec, Limit: 100, Hits: 1, Algorithm: TimeBuckets}, // new key
+	}
+	for i, r := range steps {
+		if err := s.DoAt(ctx, time.Duration(i)*time.Second, []Request{r}, res); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := s.Stats().Bytes, accountedBytes(s); got != want {
+			t.Fatalf("step %d: Stats().Bytes = %d, counters account for %d", i, got, want)
+		}
+	}
+}

@@ -22,10 +22,11 @@ const storeShards = 256
 // counter with an empty one. The limit is per call, so a raised or lowered
 // limit applies at once to the existing window.
 //
-// Memory is bounded two ways. Sweep (run periodically by Run) reclaims
-// counters with nothing inside their window. With StoreOptions.MaxKeys,
-// creating a key beyond the bound first evicts an approximately least
-// recently used one. Evicting a counter forgets its hits.
+// Memory is bounded three ways. Sweep (run periodically by Run) reclaims
+// counters with nothing inside their window. With StoreOptions.MaxKeys and
+// StoreOptions.MaxBytes, creating a key beyond either bound first evicts
+// approximately least recently used ones. Evicting a counter forgets its
+// hits.
 //
 // A Store keeps no key: its maps are keyed by a 128-bit keyed digest of
 // Request.Key (see digest), so a key costs the same whatever its length,
@@ -35,11 +36,13 @@ const storeShards = 256
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	clock   Clock
-	seeds   [2]maphash.Seed // of the keyed digest; random per Store
-	maxKeys int64
+	clock    Clock
+	seeds    [2]maphash.Seed // of the keyed digest; random per Store
+	maxKeys  int64
+	maxBytes int64
 
 	keys      atomic.Int64
+	bytes     atomic.Int64 // accounted bytes: entryBytes + footprint per key
 	evictions atomic.Uint64
 	reclaims  atomic.Uint64
 	replaced  atomic.Uint64
@@ -78,7 +81,26 @@ type StoreOptions struct {
 	// with MaxKeys 20000 and checks that the heap stays within its bound
 	// while a hot key's limit holds.
 	MaxKeys int
+	// MaxBytes bounds the bytes the Store's counters take, as accounted:
+	// per key, entryBytes for its map entry plus its counter's footprint
+	// (256 bytes for a SlidingWindow Counter, 8 per unit of limit plus 80
+	// for a SlidingLog, 64 plus 8 per bucket for TimeBuckets; see
+	// StoreStats.Bytes). If 0 or less, there is no bound. When a new key
+	// would exceed it, the Store evicts as MaxKeys does until it fits, or
+	// until no key can be evicted at once (its shard is busy: the bound is
+	// then exceeded briefly); a sliding log that grows because its limit
+	// was raised is accounted at once but makes room only at the next new
+	// key. The Go heap holding these counters is larger by
+	// the garbage collector's headroom (up to GOGC percent, 100 by
+	// default).
+	MaxBytes int64
 }
+
+// entryBytes is what the Store accounts for one key's map entry: the
+// 16-byte digest and the 16-byte interface of the slot, Swiss-table control
+// bytes and load-factor slack, and the table's growth by doubling
+// (BenchmarkBytesPerKey measures 48 on average).
+const entryBytes = 64
 
 // NewStore returns an empty Store.
 func NewStore(opts StoreOptions) *Store {
@@ -86,7 +108,12 @@ func NewStore(opts StoreOptions) *Store {
 	if clock == nil {
 		clock = NewMonotonicClock()
 	}
-	s := &Store{clock: clock, maxKeys: int64(opts.MaxKeys), seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	s := &Store{
+		clock:    clock,
+		maxKeys:  int64(opts.MaxKeys),
+		maxBytes: opts.MaxBytes,
+		seeds:    [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[digest]meter)
 		s.shards[i].idx = i
@@ -98,7 +125,11 @@ func NewStore(opts StoreOptions) *Store {
 type StoreStats struct {
 	// Keys is the number of counters held now.
 	Keys int64
-	// Evictions counts counters evicted because MaxKeys was reached.
+	// Bytes is the bytes the counters held now are accounted for (see
+	// StoreOptions.MaxBytes).
+	Bytes int64
+	// Evictions counts counters evicted because MaxKeys or MaxBytes was
+	// reached.
 	Evictions uint64
 	// Reclaims counts idle counters removed by Sweep.
 	Reclaims uint64
@@ -111,6 +142,7 @@ type StoreStats struct {
 func (s *Store) Stats() StoreStats {
 	return StoreStats{
 		Keys:      s.keys.Load(),
+		Bytes:     s.bytes.Load(),
 		Evictions: s.evictions.Load(),
 		Reclaims:  s.reclaims.Load(),
 		Replaced:  s.replaced.Load(),
@@ -243,6 +275,7 @@ func (s *Store) Sweep(now time.Duration) int {
 		sh.mu.Lock()
 		for k, c := range sh.m {
 			if c.idleAt(now) {
+				s.bytes.Add(-entryBytes - c.footprint())
 				delete(sh.m, k)
 				n++
 			}
@@ -304,6 +337,9 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 		// The read lock keeps Sweep and eviction from removing the counter
 		// while hits go in, so no admitted hit is lost with it.
 		r := m.AllowAt(now, req.Hits, req.Limit)
+		if req.Algorithm == SlidingLog {
+			s.bytes.Add(m.(*LogCounter).takeGrowth())
+		}
 		sh.mu.RUnlock()
 		return r
 	}
@@ -318,22 +354,39 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	m = sh.m[d]
-	switch {
-	case m == nil:
-		if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
-			s.makeRoom(sh, now)
+	old := sh.m[d]
+	if old != nil && matches(old, req) {
+		r := old.AllowAt(now, req.Hits, req.Limit)
+		if req.Algorithm == SlidingLog {
+			s.bytes.Add(old.(*LogCounter).takeGrowth())
 		}
-		m = newMeter(req.Spec, req.Algorithm)
-		sh.m[d] = m
+		return r
+	}
+	m = newMeter(req.Spec, req.Algorithm)
+	r := m.AllowAt(now, req.Hits, req.Limit)
+	if l, ok := m.(*LogCounter); ok {
+		l.takeGrowth() // in the footprint already
+	}
+	charge := entryBytes + m.footprint()
+	if old != nil {
+		charge -= entryBytes + old.footprint()
+		s.replaced.Add(1)
+	} else if s.maxKeys > 0 && s.keys.Load() >= s.maxKeys {
+		s.makeRoom(sh, now)
+	}
+	// Evict until the new counter fits. Each key is evicted at most once
+	// after being created once, so the evictions cost O(1) per new key
+	// amortised, though one large key (a sliding log) may evict many
+	// small ones.
+	for s.maxBytes > 0 && s.bytes.Load()+charge > s.maxBytes && s.makeRoom(sh, now) {
+	}
+	sh.m[d] = m
+	s.bytes.Add(charge)
+	if old == nil {
 		sh.peak = max(sh.peak, len(sh.m))
 		s.keys.Add(1)
-	case !matches(m, req):
-		m = newMeter(req.Spec, req.Algorithm)
-		sh.m[d] = m
-		s.replaced.Add(1)
 	}
-	return m.AllowAt(now, req.Hits, req.Limit)
+	return r
 }
 
 // refund answers a Negative request: its hits are taken back from the
@@ -344,7 +397,11 @@ func (s *Store) refund(now time.Duration, req *Request) Result {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	if m := sh.m[d]; m != nil && matches(m, req) {
-		return m.refund(now, req.Hits, req.Limit)
+		r := m.refund(now, req.Hits, req.Limit)
+		if req.Algorithm == SlidingLog {
+			s.bytes.Add(m.(*LogCounter).takeGrowth())
+		}
+		return r
 	}
 	limit := min(req.Limit, MaxLimit)
 	return Result{Allowed: limit > 0, Remaining: limit}
@@ -376,13 +433,13 @@ type candidate struct {
 	idle bool
 }
 
-// makeRoom evicts one key: of up to evictSample keys sampled from sh
+// makeRoom evicts one key and reports whether it did: of up to evictSample keys sampled from sh
 // (locked by the caller) and, if it holds fewer, from the following shards
 // whose locks are free at once, the first idle one, else the least recently
 // used. It never waits for a second lock while holding one, so shards
 // cannot deadlock; if the victim's shard is busy nothing is evicted this
 // time.
-func (s *Store) makeRoom(sh *storeShard, now time.Duration) {
+func (s *Store) makeRoom(sh *storeShard, now time.Duration) bool {
 	var cands [evictSample]candidate
 	n := sample(sh, now, cands[:])
 	for i := 1; i < storeShards && n < evictSample; i++ {
@@ -393,7 +450,7 @@ func (s *Store) makeRoom(sh *storeShard, now time.Duration) {
 		}
 	}
 	if n == 0 {
-		return
+		return false
 	}
 	v := &cands[0]
 	for i := 1; i < n && !v.idle; i++ {
@@ -403,16 +460,18 @@ func (s *Store) makeRoom(sh *storeShard, now time.Duration) {
 	}
 	if v.sh != sh {
 		if !v.sh.mu.TryLock() {
-			return
+			return false
 		}
 		defer v.sh.mu.Unlock()
 	}
 	if v.sh.m[v.key] != v.c {
-		return
+		return false
 	}
+	s.bytes.Add(-entryBytes - v.c.footprint())
 	delete(v.sh.m, v.key)
 	s.keys.Add(-1)
 	s.evictions.Add(1)
+	return true
 }
 
 // sample fills dst with keys of sh (locked), stopping early at an idle one,
