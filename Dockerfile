@@ -38,7 +38,9 @@ COPY --from=build /out/ratelimit /out/healthprobe /usr/local/bin/
 ENV RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_APPDIRECTORY=config
 USER nonroot:nonroot
 # 8081 gRPC (rate limit, ext_proc, access log), 8080 HTTP (/healthcheck,
-# /json, /metrics, /report). The debug port 6070 listens on loopback only.
+# /json, /metrics). The debug port 6070 and the report port 8082 (POST
+# /report) listen on loopback only; REPORT_HOST with REPORT_TOKEN opens the
+# latter.
 EXPOSE 8080 8081
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
     CMD ["/usr/local/bin/healthprobe", "http://127.0.0.1:8080/healthcheck"]

@@ -81,6 +81,7 @@ type Breaker struct {
 	cfg   Config
 	state atomic.Int32 // State
 	until atomic.Int64 // while Open: the time it half-opens
+	seen  atomic.Int64 // the time of the latest observation (for reclaiming idle breakers)
 
 	onChange func(Transition) // called with mu held, once per transition
 
@@ -148,6 +149,7 @@ func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration)
 // half-open one with a probe outstanding takes the outcome as that probe's
 // result.
 func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
+	b.seen.Store(int64(now))
 	failed := b.cfg.Failed(o)
 	b.mu.Lock()
 	defer b.mu.Unlock()

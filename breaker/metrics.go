@@ -13,6 +13,7 @@ type metrics struct {
 	responseTime *prometheus.HistogramVec // rule
 	observations *prometheus.CounterVec   // source
 	dropped      *prometheus.CounterVec   // rule
+	reclaimed    *prometheus.CounterVec   // rule
 	bySource     map[string]prometheus.Counter
 }
 
@@ -44,7 +45,7 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "leapgate_breaker_state",
-			Help: "State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: the distinct values of a value-less or wildcard rule, capped per rule).",
+			Help: "State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: empty for a rule with one breaker; the distinct values of a value-less or wildcard rule only with detailed_metric, capped per rule).",
 		}, []string{"rule", "resource"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leapgate_breaker_transitions_total",
@@ -61,7 +62,11 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 		}, []string{"source"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leapgate_breaker_dropped_observations_total",
-			Help: "Observations of a new distinct value dropped because the rule has max breakers.",
+			Help: "Observations of a new distinct value dropped because the rule has max breakers, all of them open or half-open.",
+		}, []string{"rule"}),
+		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_breaker_reclaimed_total",
+			Help: "Closed per-value breakers forgotten, the least recently observed first, to make room for a new value at the rule's max breakers.",
 		}, []string{"rule"}),
 	}
 	m.bySource = make(map[string]prometheus.Counter)
@@ -69,7 +74,7 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 		m.bySource[src] = m.observations.WithLabelValues(src)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped} {
+		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped, m.reclaimed} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering breaker metrics: %w", err)
 			}
@@ -80,6 +85,11 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 
 func (m *metrics) setState(rule, resource string, s State) {
 	m.state.WithLabelValues(rule, resource).Set(float64(s))
+}
+
+// deleteState deletes one state series, reporting whether it existed.
+func (m *metrics) deleteState(rule, resource string) bool {
+	return m.state.DeleteLabelValues(rule, resource)
 }
 
 func (m *metrics) transition(rule string, from, to State) {

@@ -28,11 +28,17 @@ type Options struct {
 	// destination_cluster and route, no headers).
 	Mapping Mapping
 	// MaxBreakersPerRule caps the breakers of one rule with value-less or
-	// wildcard entries (one per distinct value); observations of further
-	// values are dropped and counted (default 1000).
+	// wildcard entries (one per distinct value; default 1000). At the cap,
+	// a new value takes the slot of the closed breaker observed least
+	// recently (counted in leapgate_breaker_reclaimed_total), so values
+	// seen once cannot squat the slots; when every breaker is open or
+	// half-open, the new value's observation is dropped and counted.
 	MaxBreakersPerRule int
-	// MaxStateSeriesPerRule caps the breakers of one rule exported as state
-	// gauge series; the others appear in Snapshot only (default 100).
+	// MaxStateSeriesPerRule caps the per-value breakers of one rule
+	// exported as state gauge series (default 100). Only rules with
+	// detailed_metric export them, since their resource label carries
+	// request values (each shown as descriptors.Rule.MetricKey shows
+	// values); the others appear in Snapshot (the /breakers page) only.
 	MaxStateSeriesPerRule int
 }
 
@@ -231,33 +237,77 @@ func (rb *ruleBreakers) get(values []descriptors.Entry) *Breaker {
 	if b := old[string(k)]; b != nil {
 		return b
 	}
+	victim := ""
 	if len(old) >= rb.reg.maxPer {
-		rb.reg.metrics.dropped.WithLabelValues(rb.id).Inc()
-		return nil
+		var ok bool
+		if victim, ok = rb.idlest(old); !ok {
+			rb.reg.metrics.dropped.WithLabelValues(rb.id).Inc()
+			return nil
+		}
+		rb.reclaim(old[victim])
 	}
+	resource := rb.resource(values)
+	labelled := rb.rule.DetailedMetric && rb.gauges < rb.reg.maxGauge
+	if labelled {
+		rb.gauges++
+		rb.reg.metrics.setState(rb.id, resource, Closed)
+	}
+	b := New(rb.cfg, rb.onChange(resource, labelled))
+	b.seen.Store(int64(rb.reg.clock.Now()))
+	next := make(map[string]*Breaker, len(old)+1)
+	for key, ob := range old {
+		if key != victim || victim == "" {
+			next[key] = ob
+		}
+	}
+	next[string(k)] = b
+	rb.byKey.Store(&next)
+	rb.entries[b] = resource
+	return b
+}
+
+// resource names the breaker of values for logs, metrics and Snapshot: the
+// varying entries as key=value, values shown as in metric keys (valid
+// UTF-8, a long one by its digest).
+func (rb *ruleBreakers) resource(values []descriptors.Entry) string {
 	var resource strings.Builder
 	for i := range rb.path {
 		if i < len(values) && rb.rule.VariesAt(i) {
 			if resource.Len() > 0 {
 				resource.WriteByte(',')
 			}
-			resource.WriteString(values[i].Key + "=" + values[i].Value)
+			resource.WriteString(descriptors.MetricValue(values[i].Key) + "=" + descriptors.MetricValue(values[i].Value))
 		}
 	}
-	labelled := rb.gauges < rb.reg.maxGauge
-	if labelled {
-		rb.gauges++
-		rb.reg.metrics.setState(rb.id, resource.String(), Closed)
+	return resource.String()
+}
+
+// idlest returns the key of the closed breaker of m observed least
+// recently; false if every breaker is open or half-open. rb.mu is held.
+func (rb *ruleBreakers) idlest(m map[string]*Breaker) (string, bool) {
+	key, found := "", false
+	var oldest int64
+	for k, b := range m {
+		if b.State() != Closed {
+			continue
+		}
+		if seen := b.seen.Load(); !found || seen < oldest {
+			key, oldest, found = k, seen, true
+		}
 	}
-	b := New(rb.cfg, rb.onChange(resource.String(), labelled))
-	next := make(map[string]*Breaker, len(old)+1)
-	for key, ob := range old {
-		next[key] = ob
+	return key, found
+}
+
+// reclaim forgets b, whose slot a new value takes: its state series, if it
+// had one, and its resource name. rb.mu is held.
+func (rb *ruleBreakers) reclaim(b *Breaker) {
+	if rb.rule.DetailedMetric {
+		if rb.reg.metrics.deleteState(rb.id, rb.entries[b]) {
+			rb.gauges--
+		}
 	}
-	next[string(k)] = b
-	rb.byKey.Store(&next)
-	rb.entries[b] = resource.String()
-	return b
+	delete(rb.entries, b)
+	rb.reg.metrics.reclaimed.WithLabelValues(rb.id).Inc()
 }
 
 // Allow reports whether the breaker of rule for the request's entries

@@ -2,6 +2,7 @@ package breaker
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -204,26 +205,93 @@ func TestDistinctValueBreakers(t *testing.T) {
 	}
 }
 
+// At the cap, a new value takes the slot of the least recently observed
+// closed breaker, so junk values seen once cannot squat the slots and keep a
+// real upstream from ever opening; only when every breaker is open or
+// half-open is the new value dropped.
 func TestMaxBreakersPerRule(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r, _, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, MaxStateSeriesPerRule: 1, Metrics: reg})
-	for _, c := range []string{"a", "b", "c", "c"} {
-		r.Observe(Observation{Cluster: c, Status: 500})
-		r.Observe(Observation{Cluster: c, Status: 500})
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, Metrics: reg})
+	const rule = "breaker.destination_cluster"
+	errorsFrom := func(cluster string, n int) {
+		for range n {
+			r.Observe(Observation{Cluster: cluster, Status: 500})
+		}
 	}
-	if ok, _ := allow(t, r, set, "destination_cluster", "b"); ok {
-		t.Error("b (second breaker) did not open")
+	isOpen := func(cluster string) bool {
+		ok, _ := allow(t, r, set, "destination_cluster", cluster)
+		return !ok
 	}
-	if ok, _ := allow(t, r, set, "destination_cluster", "c"); !ok {
-		t.Error("c beyond the cap has a breaker")
+	errorsFrom("junk-1", 1)
+	clock.Advance(s)
+	errorsFrom("junk-2", 1)
+	clock.Advance(s)
+	// The cap is full of junk; a real upstream still gets a breaker, in
+	// the slot of junk-1 (the idlest), and opens.
+	errorsFrom("inventory", 2)
+	if !isOpen("inventory") {
+		t.Fatal("inventory did not open: junk squats the breaker slots")
 	}
-	if got := testutil.ToFloat64(r.metrics.dropped.WithLabelValues("breaker.destination_cluster")); got != 4 {
-		t.Errorf("dropped = %v, want 4", got)
+	if got := testutil.ToFloat64(r.metrics.reclaimed.WithLabelValues(rule)); got != 1 {
+		t.Errorf("reclaimed = %v, want 1", got)
 	}
-	// Only the first breaker has a state series: 1 value-less + the 2 single
-	// breakers of exact rules (user_vip* has one per value, none yet).
-	if got := testutil.CollectAndCount(r.metrics.state); got != 3 {
-		t.Errorf("state series = %d, want 3", got)
+	clock.Advance(s)
+	errorsFrom("junk-3", 1) // takes junk-2's slot: the open breaker stays
+	if !isOpen("inventory") {
+		t.Error("an open breaker was reclaimed")
+	}
+	errorsFrom("junk-3", 1) // junk-3 opens too: both breakers open
+	errorsFrom("junk-4", 1) // no closed breaker to reclaim: dropped
+	if got := testutil.ToFloat64(r.metrics.dropped.WithLabelValues(rule)); got != 1 {
+		t.Errorf("dropped = %v, want 1", got)
+	}
+	var resources []string
+	for _, b := range r.Snapshot() {
+		if b.Rule == rule {
+			resources = append(resources, b.Resource)
+		}
+	}
+	if got := strings.Join(resources, " "); got != "destination_cluster=inventory destination_cluster=junk-3" {
+		t.Errorf("breakers of %s: %q", rule, got)
+	}
+	// Per-value breakers have no state series without detailed_metric:
+	// only the 2 single breakers of exact rules are exported.
+	if got := testutil.CollectAndCount(r.metrics.state); got != 2 {
+		t.Errorf("state series = %d, want 2", got)
+	}
+}
+
+// With detailed_metric, per-value breakers export state series, at most
+// MaxStateSeriesPerRule, with values shown as in metric keys; a reclaimed
+// breaker's series goes with it.
+func TestDetailedBreakerSeries(t *testing.T) {
+	const yaml = `
+domain: d
+descriptors:
+  - key: destination_cluster
+    detailed_metric: true
+    circuit_breaker: {strategy: error_count, threshold: 1}
+`
+	reg := prometheus.NewRegistry()
+	r, clock, _ := newTestRegistry(t, yaml, Options{MaxBreakersPerRule: 2, MaxStateSeriesPerRule: 2, Metrics: reg})
+	long := strings.Repeat("x", descriptors.LongValue+1)
+	for _, c := range []string{"a\xff", long, "b"} {
+		r.Observe(Observation{Cluster: c, Status: 200})
+		clock.Advance(s)
+	}
+	// The first value's series went with its breaker; the others show
+	// their values as metric keys do.
+	want := fmt.Sprintf(`
+# HELP leapgate_breaker_state State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: empty for a rule with one breaker; the distinct values of a value-less or wildcard rule only with detailed_metric, capped per rule).
+# TYPE leapgate_breaker_state gauge
+leapgate_breaker_state{resource="destination_cluster=%s",rule="d.destination_cluster"} 0
+leapgate_breaker_state{resource="destination_cluster=b",rule="d.destination_cluster"} 0
+`, descriptors.MetricValue(long))
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "leapgate_breaker_state"); err != nil {
+		t.Error(err)
+	}
+	if descriptors.MetricValue("a\xff") != "a\uFFFD" {
+		t.Error("invalid UTF-8 is not shown as U+FFFD")
 	}
 }
 
@@ -319,7 +387,7 @@ func TestMetricsAndLog(t *testing.T) {
 	clock.Advance(5 * s)
 	// No request since: a scrape still shows the breaker half-open.
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP leapgate_breaker_state State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: the distinct values of a value-less or wildcard rule, capped per rule).
+# HELP leapgate_breaker_state State of each circuit breaker: 0 closed, 1 open, 2 half-open (resource: empty for a rule with one breaker; the distinct values of a value-less or wildcard rule only with detailed_metric, capped per rule).
 # TYPE leapgate_breaker_state gauge
 leapgate_breaker_state{resource="",rule="breaker.destination_cluster_orders"} 2
 leapgate_breaker_state{resource="",rule="breaker.route_checkout.destination_cluster_backend"} 0

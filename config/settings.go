@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -43,6 +44,16 @@ type Settings struct {
 	// not for the network.
 	DebugHost string `envconfig:"DEBUG_HOST" default:"127.0.0.1"`
 	DebugPort int    `envconfig:"DEBUG_PORT" default:"6070"`
+	// ReportHost and ReportPort are the address of the report listener
+	// (POST /report: observations that open and close circuit breakers).
+	// Loopback by default, for a caller in the same pod or host: anyone who
+	// can post reports can open breakers. A host that is not a loopback
+	// address requires ReportToken.
+	ReportHost string `envconfig:"REPORT_HOST" default:"127.0.0.1"`
+	ReportPort int    `envconfig:"REPORT_PORT" default:"8082"`
+	// ReportToken, when set, is the shared secret every report must carry
+	// as "Authorization: Bearer <token>"; others get 401.
+	ReportToken string `envconfig:"REPORT_TOKEN" secret:"true"`
 
 	// GRPCMaxConnectionAge and GRPCMaxConnectionAgeGrace bound the life of a
 	// gRPC connection so that clients rebalance over time.
@@ -254,6 +265,19 @@ func (s Settings) GRPCAddr() string  { return joinHostPort(s.GRPCHost, s.GRPCPor
 func (s Settings) HTTPAddr() string  { return joinHostPort(s.Host, s.Port) }
 func (s Settings) DebugAddr() string { return joinHostPort(s.DebugHost, s.DebugPort) }
 
+// ReportAddr is the report listener's address.
+func (s Settings) ReportAddr() string { return joinHostPort(s.ReportHost, s.ReportPort) }
+
+// isLoopback reports whether host names only the loopback interface:
+// "localhost" or a loopback IP.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
 func joinHostPort(host string, port int) string {
 	if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
 		host = "[" + host + "]"
@@ -270,10 +294,13 @@ func (s Settings) Validate() error {
 	for _, p := range []struct {
 		name string
 		port int
-	}{{"GRPC_PORT", s.GRPCPort}, {"PORT", s.Port}, {"DEBUG_PORT", s.DebugPort}} {
+	}{{"GRPC_PORT", s.GRPCPort}, {"PORT", s.Port}, {"DEBUG_PORT", s.DebugPort}, {"REPORT_PORT", s.ReportPort}} {
 		if p.port < 0 || p.port > 65535 {
 			bad(p.name, "port %d is outside 0..65535", p.port)
 		}
+	}
+	if s.ReportToken == "" && !isLoopback(s.ReportHost) {
+		bad("REPORT_HOST", "%q is not a loopback address: set REPORT_TOKEN, or anyone who reaches the port can open circuit breakers", s.ReportHost)
 	}
 	if s.GRPCMaxConnectionAge <= 0 {
 		bad("GRPC_MAX_CONNECTION_AGE", "must be positive, got %v", s.GRPCMaxConnectionAge)

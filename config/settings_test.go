@@ -100,6 +100,10 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"MAX_DESCRIPTORS_PER_REQUEST": "0"}, "MAX_DESCRIPTORS_PER_REQUEST"},
 		{map[string]string{"RUNTIME_ROOT": ""}, "RUNTIME_ROOT"},
 		{map[string]string{"MAX_KEYS": "-1"}, "MAX_KEYS"},
+		{map[string]string{"MAX_MEMORY_BYTES": "-1"}, "MAX_MEMORY_BYTES"},
+		{map[string]string{"REPORT_HOST": "0.0.0.0"}, "REPORT_HOST: \"0.0.0.0\" is not a loopback address: set REPORT_TOKEN"},
+		{map[string]string{"REPORT_HOST": "10.1.2.3"}, "REPORT_HOST"},
+		{map[string]string{"REPORT_PORT": "70000"}, "REPORT_PORT"},
 		{map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "draft99"}, "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{map[string]string{"LIMIT_RESET_HEADER": " "}, "LIMIT_RESET_HEADER"},
 		{map[string]string{"BREAKER_ROUTE_KEY": ""}, "BREAKER_ROUTE_KEY"},
@@ -199,5 +203,29 @@ func TestWindowBucketsInMemory(t *testing.T) {
 	t.Setenv("WINDOW_BUCKETS", "512")
 	if s, err := Load(); err != nil || s.WindowBuckets != 512 {
 		t.Fatalf("Load() = %d, %v; want 512 accepted in memory", s.WindowBuckets, err)
+	}
+}
+
+// A report listener off loopback is accepted with a token, and on any
+// loopback name without one.
+func TestReportListenerNeedsTokenOffLoopback(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"REPORT_HOST": "0.0.0.0", "REPORT_TOKEN": "s3cret"},
+		{"REPORT_HOST": "localhost"},
+		{"REPORT_HOST": "::1"},
+		{"REPORT_HOST": "127.0.0.2"},
+	} {
+		unsetAll(t)
+		for k, v := range env {
+			t.Setenv(k, v)
+		}
+		s, err := Load()
+		if err != nil {
+			t.Errorf("%v: %v", env, err)
+			continue
+		}
+		if strings.Contains(s.String(), "s3cret") {
+			t.Errorf("REPORT_TOKEN printed: %s", s)
+		}
 	}
 }

@@ -265,7 +265,7 @@ func (r *Rule) MetricKey(entries []Entry) string {
 		v := p.Value
 		useRequest := (r.DetailedMetric || r.levels[i].valueToMetric) && !r.levels[i].share
 		if useRequest && i < len(entries) {
-			v = metricValue(entries[i].Value)
+			v = MetricValue(entries[i].Value)
 		}
 		b.WriteByte('.')
 		b.WriteString(p.Key)
@@ -277,8 +277,11 @@ func (r *Rule) MetricKey(entries []Entry) string {
 	return b.String()
 }
 
-// metricValue is a request value as MetricKey shows it.
-func metricValue(v string) string {
+// MetricValue is a request value as MetricKey shows it: valid UTF-8 (U+FFFD
+// for invalid bytes), and a value longer than LongValue as "sha256:" and the
+// first 16 hex digits of its digest. Metrics and logs that name request
+// values use it.
+func MetricValue(v string) string {
 	if len(v) > LongValue {
 		sum := sha256.Sum256([]byte(v))
 		return "sha256:" + hex.EncodeToString(sum[:8])

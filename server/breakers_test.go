@@ -40,7 +40,7 @@ func TestBreakerWiring(t *testing.T) {
 		t.Fatalf("closed breaker: %v", got)
 	}
 	for range 3 {
-		if code, body := post(t, ts.httpURL("/report"), `{"cluster":"backend","status":503}`); code != http.StatusNoContent {
+		if code, body := post(t, ts.reportURL(), `{"cluster":"backend","status":503}`); code != http.StatusNoContent {
 			t.Fatalf("/report = %d %q", code, body)
 		}
 	}

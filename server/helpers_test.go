@@ -33,7 +33,7 @@ type testServer struct {
 func settingsFor(ruleDir string) config.Settings {
 	s := config.Defaults()
 	s.GRPCHost, s.Host, s.DebugHost = "127.0.0.1", "127.0.0.1", "127.0.0.1"
-	s.GRPCPort, s.Port, s.DebugPort = 0, 0, 0
+	s.GRPCPort, s.Port, s.DebugPort, s.ReportPort = 0, 0, 0, 0
 	s.RuntimeRoot, s.RuntimeSubdirectory, s.RuntimeAppDirectory = filepath.Dir(ruleDir), "", filepath.Base(ruleDir)
 	s.ReloadDebounce = 20 * time.Millisecond
 	s.DrainTimeout = 10 * time.Second
@@ -139,6 +139,7 @@ func post(t testing.TB, url, body string) (int, string) {
 
 func (ts *testServer) httpURL(path string) string  { return "http://" + ts.HTTPAddr().String() + path }
 func (ts *testServer) debugURL(path string) string { return "http://" + ts.DebugAddr().String() + path }
+func (ts *testServer) reportURL() string           { return "http://" + ts.ReportAddr().String() + "/report" }
 
 // request builds a RateLimitRequest with one descriptor per entry list
 // (alternating key, value).

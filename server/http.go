@@ -2,9 +2,11 @@ package server
 
 import (
 	"bytes"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/http/pprof"
 
@@ -17,19 +19,61 @@ import (
 	"github.com/leapgate/leapgate/observe"
 )
 
-// httpHandler serves the HTTP listener: /healthcheck, /json, /report
-// (observations for the circuit breakers) and /metrics.
+// httpHandler serves the HTTP listener: /healthcheck, /json and /metrics.
 func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
-	mux.Handle("/json", s.recoverHTTP("/json", http.HandlerFunc(s.handleJSON)))
-	mux.Handle("/report", s.recoverHTTP("/report", observe.NewReport(observe.Options{Registry: s.breakers})))
+	mux.Handle("/json", s.recoverHTTP("/json", requireJSON(http.HandlerFunc(s.handleJSON))))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		Registry:          s.registry,
 		ErrorLog:          slogPrinter{s},
 		EnableOpenMetrics: true,
 	}))
 	return mux
+}
+
+// reportHandler serves the report listener: POST /report, observations for
+// the circuit breakers, behind the REPORT_TOKEN bearer check when one is set.
+func (s *Server) reportHandler() http.Handler {
+	mux := http.NewServeMux()
+	report := observe.NewReport(observe.Options{Registry: s.breakers})
+	mux.Handle("/report", s.recoverHTTP("/report", requireBearer(s.settings.ReportToken, requireJSON(report))))
+	return mux
+}
+
+// requireBearer passes to h only requests whose Authorization header is
+// "Bearer <token>" (compared in constant time), answering 401 otherwise; an
+// empty token lets every request through.
+func requireBearer(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="leapgate report"`)
+			http.Error(w, "report: missing or wrong bearer token", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// requireJSON passes to h only requests that say their body is JSON
+// (Content-Type application/json, with any parameters), answering 415
+// otherwise. A web page cannot post application/json cross-origin without
+// a CORS preflight, which text/plain and form bodies skip, so a browser
+// cannot be made to send reports or rate-limit calls.
+func requireJSON(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+				http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // debugHandler serves the debug listener: /rlconfig, /breakers and pprof, on
@@ -70,7 +114,8 @@ func (s *Server) handleRLConfig(w http.ResponseWriter, _ *http.Request) {
 
 // handleJSON answers a proto3-JSON RateLimitRequest with the proto3-JSON
 // RateLimitResponse: 200 when OK, 429 when OVER_LIMIT. Errors are plain
-// text: 400 for a malformed or invalid request, 413 for a body over
+// text: 400 for a malformed request, 415 for a Content-Type other than
+// application/json, 413 for a body over
 // MAX_REQUEST_BYTES, 503 when no rules are loaded, 500 otherwise.
 func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {

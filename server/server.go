@@ -47,11 +47,12 @@ type Server struct {
 	rules    *ruleLoader
 	backend  backend
 
-	grpc  *grpc.Server
-	http  *http.Server
-	debug *http.Server
+	grpc   *grpc.Server
+	http   *http.Server
+	debug  *http.Server
+	report *http.Server
 
-	grpcLn, httpLn, debugLn net.Listener
+	grpcLn, httpLn, debugLn, reportLn net.Listener
 
 	// stopping is closed when shutdown begins.
 	stopping chan struct{}
@@ -72,8 +73,8 @@ func WithLimiterWrapper(wrap func(window.Limiter) window.Limiter) Option {
 
 // New builds a Server from settings (validated again here): it creates the
 // limiter, the circuit breakers and the service, loads the rules, and binds
-// the three listeners (port 0 picks a free port; see GRPCAddr, HTTPAddr,
-// DebugAddr). Nothing is served until Run.
+// the four listeners (port 0 picks a free port; see GRPCAddr, HTTPAddr,
+// DebugAddr, ReportAddr). Nothing is served until Run.
 func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server, error) {
 	if err := settings.Validate(); err != nil {
 		return nil, err
@@ -132,6 +133,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	}
 	s.http = s.newHTTPServer(s.httpHandler())
 	s.debug = s.newHTTPServer(s.debugHandler())
+	s.report = s.newHTTPServer(s.reportHandler())
 
 	if err := s.listen(); err != nil {
 		s.rules.close()
@@ -218,7 +220,7 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 	}
 }
 
-// listen binds the three listeners, closing any already bound on error.
+// listen binds the four listeners, closing any already bound on error.
 func (s *Server) listen() error {
 	var err error
 	bind := func(name, addr string) net.Listener {
@@ -235,8 +237,9 @@ func (s *Server) listen() error {
 	s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
 	s.httpLn = bind("HTTP", s.settings.HTTPAddr())
 	s.debugLn = bind("debug", s.settings.DebugAddr())
+	s.reportLn = bind("report", s.settings.ReportAddr())
 	if err != nil {
-		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn} {
+		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn, s.reportLn} {
 			if ln != nil {
 				ln.Close()
 			}
@@ -245,10 +248,12 @@ func (s *Server) listen() error {
 	return err
 }
 
-// GRPCAddr, HTTPAddr and DebugAddr return the bound listener addresses.
-func (s *Server) GRPCAddr() net.Addr  { return s.grpcLn.Addr() }
-func (s *Server) HTTPAddr() net.Addr  { return s.httpLn.Addr() }
-func (s *Server) DebugAddr() net.Addr { return s.debugLn.Addr() }
+// GRPCAddr, HTTPAddr, DebugAddr and ReportAddr return the bound listener
+// addresses.
+func (s *Server) GRPCAddr() net.Addr   { return s.grpcLn.Addr() }
+func (s *Server) HTTPAddr() net.Addr   { return s.httpLn.Addr() }
+func (s *Server) DebugAddr() net.Addr  { return s.debugLn.Addr() }
+func (s *Server) ReportAddr() net.Addr { return s.reportLn.Addr() }
 
 // Registry returns the registry served on /metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
@@ -261,9 +266,10 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 func (s *Server) Run(ctx context.Context) error {
 	s.logger.Info("serving",
 		"grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(), "debug", s.DebugAddr().String(),
+		"report", s.ReportAddr().String(), "report_token", s.settings.ReportToken != "",
 		"tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	serve := func(name string, fn func() error) {
 		err := fn()
 		if errors.Is(err, http.ErrServerClosed) {
@@ -279,6 +285,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go serve("gRPC", func() error { return s.grpc.Serve(s.grpcLn) })
 	go serve("HTTP", func() error { return s.http.Serve(s.httpLn) })
 	go serve("debug", func() error { return s.debug.Serve(s.debugLn) })
+	go serve("report", func() error { return s.report.Serve(s.reportLn) })
 
 	bgCtx, stopBackground := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -337,7 +344,7 @@ func (s *Server) shutdown() {
 			}
 		}
 	})
-	for _, hs := range []*http.Server{s.http, s.debug} {
+	for _, hs := range []*http.Server{s.http, s.debug, s.report} {
 		wg.Go(func() {
 			if err := hs.Shutdown(ctx); err != nil {
 				hs.Close()

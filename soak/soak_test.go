@@ -261,7 +261,7 @@ func TestSoak(t *testing.T) {
 
 	s := config.Defaults()
 	s.GRPCHost, s.Host, s.DebugHost = "127.0.0.1", "127.0.0.1", "127.0.0.1"
-	s.GRPCPort, s.Port, s.DebugPort = 0, 0, 0
+	s.GRPCPort, s.Port, s.DebugPort, s.ReportPort = 0, 0, 0, 0
 	s.RuntimeRoot, s.RuntimeSubdirectory, s.RuntimeAppDirectory = filepath.Dir(ruleDir), "", filepath.Base(ruleDir)
 	s.ReloadDebounce = 20 * time.Millisecond
 	s.DrainTimeout = 10 * time.Second

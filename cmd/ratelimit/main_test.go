@@ -68,7 +68,7 @@ type runningBinary struct {
 func startBinary(t *testing.T, seen func(map[string]any), env ...string) *runningBinary {
 	t.Helper()
 	cmd := exec.Command(buildBinary(t))
-	cmd.Env = environ(append([]string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "DEBUG_PORT=0",
+	cmd.Env = environ(append([]string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "DEBUG_PORT=0", "REPORT_PORT=0",
 		"LOG_FORMAT=json"}, env...)...)
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
@@ -175,7 +175,7 @@ func environ(env ...string) []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "DEBUG_HOST", "DEBUG_PORT", "RUNTIME_ROOT",
+		case "HOST", "PORT", "GRPC_HOST", "GRPC_PORT", "DEBUG_HOST", "DEBUG_PORT", "REPORT_HOST", "REPORT_PORT", "REPORT_TOKEN", "RUNTIME_ROOT",
 			"RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY", "LOG_LEVEL", "LOG_FORMAT", "BACKEND_TYPE":
 			continue
 		}
