@@ -60,6 +60,35 @@ type Settings struct {
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
 
+	// GRPCMaxConcurrentStreams is the most calls and streams one gRPC
+	// connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS);
+	// Envoy opens another connection beyond it.
+	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
+	// MaxObservationStreams is the most ext_proc and access-log streams
+	// open at once, over all connections; a stream beyond it is refused
+	// with RESOURCE_EXHAUSTED (counted in
+	// leapgate_observation_streams_refused_total). Envoy opens one ext_proc
+	// stream per request in flight, so size it for the mesh's concurrent
+	// requests (an idle stream costs about 12 KiB).
+	MaxObservationStreams int `envconfig:"MAX_OBSERVATION_STREAMS" default:"16384"`
+	// ObservationStreamIdleTimeout closes an ext_proc or access-log stream
+	// that has sent nothing for this long (DEADLINE_EXCEEDED, counted in
+	// leapgate_observation_streams_idle_closed_total).
+	ObservationStreamIdleTimeout time.Duration `envconfig:"OBSERVATION_STREAM_IDLE_TIMEOUT" default:"10m"`
+
+	// HTTPReadTimeout bounds reading one HTTP request, body included, on
+	// the HTTP, report and debug listeners; HTTPWriteTimeout bounds writing
+	// its answer (HTTP and report listeners: the debug listener's profiles
+	// take as long as asked); HTTPIdleTimeout closes an idle keep-alive
+	// connection. HTTPMaxConnections is the most connections each HTTP
+	// listener holds at once: beyond it new connections wait in the
+	// kernel's queue (counted in leapgate_http_connections_limited_total),
+	// so slow clients cannot take every file descriptor.
+	HTTPReadTimeout    time.Duration `envconfig:"HTTP_READ_TIMEOUT" default:"10s"`
+	HTTPWriteTimeout   time.Duration `envconfig:"HTTP_WRITE_TIMEOUT" default:"10s"`
+	HTTPIdleTimeout    time.Duration `envconfig:"HTTP_IDLE_TIMEOUT" default:"2m"`
+	HTTPMaxConnections int           `envconfig:"HTTP_MAX_CONNECTIONS" default:"512"`
+
 	// DrainTimeout bounds graceful shutdown: after SIGTERM, in-flight calls
 	// get this long to finish before connections are closed.
 	DrainTimeout time.Duration `envconfig:"DRAIN_TIMEOUT" default:"20s"`
@@ -304,6 +333,24 @@ func (s Settings) Validate() error {
 	}
 	if s.GRPCMaxConnectionAge <= 0 {
 		bad("GRPC_MAX_CONNECTION_AGE", "must be positive, got %v", s.GRPCMaxConnectionAge)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"OBSERVATION_STREAM_IDLE_TIMEOUT", s.ObservationStreamIdleTimeout}, {"HTTP_READ_TIMEOUT", s.HTTPReadTimeout},
+		{"HTTP_WRITE_TIMEOUT", s.HTTPWriteTimeout}, {"HTTP_IDLE_TIMEOUT", s.HTTPIdleTimeout}} {
+		if d.v <= 0 {
+			bad(d.name, "must be positive, got %v", d.v)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"GRPC_MAX_CONCURRENT_STREAMS", s.GRPCMaxConcurrentStreams}, {"MAX_OBSERVATION_STREAMS", s.MaxObservationStreams},
+		{"HTTP_MAX_CONNECTIONS", s.HTTPMaxConnections}} {
+		if n.v < 1 {
+			bad(n.name, "must be at least 1, got %d", n.v)
+		}
 	}
 	if s.GRPCMaxConnectionAgeGrace < 0 {
 		bad("GRPC_MAX_CONNECTION_AGE_GRACE", "must not be negative, got %v", s.GRPCMaxConnectionAgeGrace)

@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +22,7 @@ type serverMetrics struct {
 	panics        *prometheus.CounterVec
 	configSuccess prometheus.Counter
 	configError   prometheus.Counter
+	connLimited   *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
@@ -44,7 +47,11 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 			Help: "Rule set loads rejected; the last good rules kept serving.",
 		}),
 	}
-	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError)
+	m.connLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leapgate_http_connections_limited_total",
+		Help: "Connections that waited in the accept queue because the listener held HTTP_MAX_CONNECTIONS.",
+	}, []string{"listener"})
+	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.connLimited)
 	return m
 }
 
@@ -75,8 +82,10 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 // drain.
 const watchGrace = 200 * time.Millisecond
 
-// streamInterceptor records the duration and recovers panics of streams. It
-// also ends health Watch streams shortly after shutdown begins: they never
+// streamInterceptor records the duration and recovers panics of streams,
+// and keeps the observation streams (ext_proc, access log) within
+// s.streams's bounds. It also ends health Watch streams shortly after
+// shutdown begins: they never
 // end by themselves (gRPC clients with health checking keep one open), so
 // they would otherwise hold the drain until DRAIN_TIMEOUT.
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
@@ -101,6 +110,15 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
 	}()
 	defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
+	switch info.FullMethod {
+	case extprocv3.ExternalProcessor_Process_FullMethodName, accesslogv3.AccessLogService_StreamAccessLogs_FullMethodName:
+		// The guard runs the handler in a goroutine of its own, which
+		// recovers its own panics.
+		return s.streams.serve(ss, func(ss grpc.ServerStream) (err error) {
+			defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
+			return handler(srv, ss)
+		})
+	}
 	return handler(srv, ss)
 }
 

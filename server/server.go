@@ -46,6 +46,7 @@ type Server struct {
 	clock    window.Clock
 	rules    *ruleLoader
 	backend  backend
+	streams  *streamGuard // bounds the observation streams
 
 	grpc   *grpc.Server
 	http   *http.Server
@@ -95,6 +96,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	s.metrics = newServerMetrics(s.registry)
+	s.streams = newStreamGuard(settings.MaxObservationStreams, settings.ObservationStreamIdleTimeout, s.registry)
 
 	b, err := newBackend(settings, s.registry, logger)
 	if err != nil {
@@ -131,9 +133,9 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		b.close()
 		return nil, err
 	}
-	s.http = s.newHTTPServer(s.httpHandler())
-	s.debug = s.newHTTPServer(s.debugHandler())
-	s.report = s.newHTTPServer(s.reportHandler())
+	s.http = s.newHTTPServer(s.httpHandler(), true)
+	s.debug = s.newHTTPServer(s.debugHandler(), false)
+	s.report = s.newHTTPServer(s.reportHandler(), true)
 
 	if err := s.listen(); err != nil {
 		s.rules.close()
@@ -188,6 +190,7 @@ func (s *Server) buildGRPC() error {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
 		grpc.ForceServerCodecV2(newWireCodec()),
+		grpc.MaxConcurrentStreams(uint32(s.settings.GRPCMaxConcurrentStreams)),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -211,14 +214,27 @@ func (s *Server) buildGRPC() error {
 	return nil
 }
 
-func (s *Server) newHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{
+// newHTTPServer returns an HTTP server for h with the HTTP_* timeouts;
+// writeTimeout false leaves writes unbounded (the debug listener's
+// profiles run as long as asked).
+func (s *Server) newHTTPServer(h http.Handler, writeTimeout bool) *http.Server {
+	hs := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: min(s.settings.HTTPReadTimeout, 10*time.Second),
+		ReadTimeout:       s.settings.HTTPReadTimeout,
+		IdleTimeout:       s.settings.HTTPIdleTimeout,
+		MaxHeaderBytes:    maxHTTPHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
 	}
+	if writeTimeout {
+		hs.WriteTimeout = s.settings.HTTPWriteTimeout
+	}
+	return hs
 }
+
+// maxHTTPHeaderBytes bounds an HTTP request's headers (Go's default is
+// 1 MiB): no endpoint needs more than a few hundred bytes.
+const maxHTTPHeaderBytes = 64 << 10
 
 // listen binds the four listeners, closing any already bound on error.
 func (s *Server) listen() error {
@@ -235,9 +251,9 @@ func (s *Server) listen() error {
 		return ln
 	}
 	s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
-	s.httpLn = bind("HTTP", s.settings.HTTPAddr())
-	s.debugLn = bind("debug", s.settings.DebugAddr())
-	s.reportLn = bind("report", s.settings.ReportAddr())
+	s.httpLn = s.limitConns(bind("HTTP", s.settings.HTTPAddr()), "http")
+	s.debugLn = s.limitConns(bind("debug", s.settings.DebugAddr()), "debug")
+	s.reportLn = s.limitConns(bind("report", s.settings.ReportAddr()), "report")
 	if err != nil {
 		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn, s.reportLn} {
 			if ln != nil {
