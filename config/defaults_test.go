@@ -20,6 +20,7 @@ var documentedDefaults = map[string]string{
 	"REPORT_TOKEN":                         "",
 	"GRPC_MAX_CONNECTION_AGE":              "24h",
 	"GRPC_MAX_CONNECTION_AGE_GRACE":        "1h",
+	"GRPC_REFLECTION":                      "true",
 	"GRPC_MAX_CONCURRENT_STREAMS":          "1024",
 	"MAX_OBSERVATION_STREAMS":              "16384",
 	"OBSERVATION_STREAM_IDLE_TIMEOUT":      "10m",

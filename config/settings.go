@@ -60,6 +60,11 @@ type Settings struct {
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`
 	GRPCMaxConnectionAgeGrace time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE_GRACE" default:"1h"`
 
+	// GRPCReflection serves gRPC server reflection on the gRPC listener, so
+	// that grpcurl can list and call the services without proto files. It
+	// tells a caller nothing the public Envoy protos do not, but turn it
+	// off where the listener faces untrusted clients.
+	GRPCReflection bool `envconfig:"GRPC_REFLECTION" default:"true"`
 	// GRPCMaxConcurrentStreams is the most calls and streams one gRPC
 	// connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS);
 	// Envoy opens another connection beyond it.

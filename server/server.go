@@ -210,7 +210,9 @@ func (s *Server) buildGRPC() error {
 	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger}))
 	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(observe.Options{Registry: s.breakers, Logger: s.logger}))
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
-	reflection.Register(s.grpc)
+	if s.settings.GRPCReflection {
+		reflection.Register(s.grpc)
+	}
 	return nil
 }
 

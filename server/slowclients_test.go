@@ -11,8 +11,10 @@ import (
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/leapgate/leapgate/config"
@@ -200,4 +202,41 @@ func gathered(t *testing.T, ts *testServer, name, label, value string) float64 {
 		}
 	}
 	return 0
+}
+
+// Bytes that are not a protobuf message on an observation stream are the
+// client's fault: InvalidArgument, not Internal.
+func TestMalformedStreamMessageIsInvalidArgument(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	cc := ts.conn(t)
+	for _, method := range []string{extprocv3.ExternalProcessor_Process_FullMethodName, accesslogv3.AccessLogService_StreamAccessLogs_FullMethodName} {
+		stream, err := cc.NewStream(context.Background(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, method, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := []byte{0x0a, 0x10, 'x'} // a length beyond the message
+		if err := stream.SendMsg(&bad); err != nil {
+			t.Fatal(err)
+		}
+		var out []byte
+		if err := stream.RecvMsg(&out); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s with malformed bytes: %v, want InvalidArgument", method, err)
+		}
+	}
+}
+
+// GRPC_REFLECTION=false leaves reflection out; the services still serve.
+func TestReflectionCanBeTurnedOff(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.GRPCReflection = false })
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn(t)).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+	if _, err := stream.Recv(); status.Code(err) != codes.Unimplemented {
+		t.Errorf("reflection with GRPC_REFLECTION=false: %v, want Unimplemented", err)
+	}
+	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"})); err != nil {
+		t.Errorf("rate limit without reflection: %v", err)
+	}
 }

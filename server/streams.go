@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // streamGuard bounds the long-lived observation streams (ext_proc and the
@@ -90,13 +91,28 @@ type guardedStream struct {
 	closed bool
 }
 
+// RecvMsg receives the next message's bytes (wireCodec leaves them
+// undecoded) and decodes them itself: bytes that are not a message are
+// then the client's fault, InvalidArgument, where gRPC's own decoding would
+// end the stream with Internal.
 func (s *guardedStream) RecvMsg(m any) error {
-	err := s.ServerStream.RecvMsg(m)
+	var w wireMessage
+	err := s.ServerStream.RecvMsg(&w)
 	select {
 	case s.received <- struct{}{}:
 	default:
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	pm, ok := m.(proto.Message)
+	if !ok {
+		return status.Errorf(codes.Internal, "stream message %T is not a protobuf message", m)
+	}
+	if err := proto.Unmarshal(w.b, pm); err != nil {
+		return status.Errorf(codes.InvalidArgument, "malformed %s: %v", pm.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return nil
 }
 
 func (s *guardedStream) SendMsg(m any) error {
