@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -40,13 +38,7 @@ func TestBinaryFullCapacity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 20 s of real time")
 	}
-	root := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "config", "rules.yaml"), []byte(capacityRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root := ruleRoot(t, capacityRules)
 	for _, backend := range []string{"memory", "redis, two replicas"} {
 		t.Run(backend, func(t *testing.T) {
 			var clients []rlsv3.RateLimitServiceClient

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,13 +37,7 @@ func TestBinaryFloodMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends 250,000 requests of 4 KiB")
 	}
-	root := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "config", "rules.yaml"), []byte(floodRules), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root := ruleRoot(t, floodRules)
 	rb := startBinary(t, nil, "RUNTIME_ROOT="+root)
 	client := rb.dial(t)
 	t.Logf("RSS at start: %d MiB", rss(t, rb.cmd.Process.Pid, "VmRSS")>>20)

@@ -184,7 +184,10 @@ func environ(env ...string) []string {
 	return append(out, env...)
 }
 
-func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
+// ruleRoot returns a RUNTIME_ROOT whose config directory holds rules as
+// rules.yaml.
+func ruleRoot(t *testing.T, rules string) string {
+	t.Helper()
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "config"), 0o755); err != nil {
 		t.Fatal(err)
@@ -192,6 +195,11 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "config", "rules.yaml"), []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return root
+}
+
+func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
+	root := ruleRoot(t, rules)
 	rb := startBinary(t, nil, "RUNTIME_ROOT="+root)
 	req := &rlsv3.RateLimitRequest{Domain: "bin", Descriptors: []*rlcommonv3.RateLimitDescriptor{
 		{Entries: []*rlcommonv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u"}}},
