@@ -17,19 +17,23 @@
 --     are bucket epochs floor(now / b) and whose values are the hits
 --     recorded in that bucket.
 --
--- ARGV[1]  "1": dry run, record nothing (answers only, as if vetoed).
--- ARGV[2]  the time in microseconds, or "" to read Redis's TIME (the
---          default: every replica then agrees whatever its own clock says).
--- ARGV[3+7*(i-1) .. 9+7*(i-1)], for counter i:
---          bucket length b in microseconds, buckets per window k (the window
---          W is k*b), limit, hits (0: check whether one more hit would fit),
---          veto ("1"/"0"), algorithm (0/1/2/3/4), negative ("1": a refund).
+-- The call answers one or more groups, each the batch of one Store.Do (its
+-- requests all-or-nothing), in order, at one instant:
 --
--- Returns 5 integers per counter: allowed (0/1), recorded (0/1), remaining,
+-- ARGV[1]  the time in microseconds, or "" to read Redis's TIME (the
+--          default: every replica then agrees whatever its own clock says).
+-- Then, per group: n (its counters), dry ("1": record nothing, answers
+-- only, as if vetoed), and its counters' arguments, KEYS taken in order,
+-- packed in one string as struct.pack('<ddddBBB', ...) per counter: bucket
+-- length b in microseconds, buckets per window k (the window W is k*b),
+-- limit, hits (0: check whether one more hit would fit), veto (1/0),
+-- algorithm (0/1/2/3/4), negative (1: a refund).
+--
+-- Returns 5 integers per counter, groups in order: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding window and sliding log: the time in
 -- microseconds; time buckets: epoch; fixed: window number; token bucket: 0).
 --
--- As in window.Store.DoAt: requests that add hits are answered in order,
+-- Within a group, as in window.Store.DoAt: requests that add hits are answered in order,
 -- each seeing the earlier ones of the batch; then refunds are applied, in
 -- order; if a veto request was refused (or on a dry run), nothing is
 -- written and the answers of recorded requests become unrecorded, their
@@ -41,8 +45,7 @@
 -- nanoseconds relative to now, and its absolute times are stored as decimal
 -- strings.
 
-local now = nowMicros(ARGV[2])
-local dry = ARGV[1] == '1'
+local now = nowMicros(ARGV[1])
 
 local function clamp0(x)
   if x < 0 then
@@ -56,8 +59,6 @@ end
 local function field(x)
   return string.format('%.0f', x)
 end
-
-local states = {}
 
 ------------------------------------------------------------ sliding window
 -- window.Counter (the default): checkpoint.lua's fixed-size string.
@@ -491,28 +492,6 @@ end
 ----------------------------------------------------------------- the batch
 local algs = {[0] = CW, [1] = TB, [2] = FW, [3] = LG, [4] = SW}
 
-local n = #KEYS
-local reqs = {}
-for i = 1, n do
-  local a = 3 + 7 * (i - 1)
-  local alg = tonumber(ARGV[a + 5])
-  local impl = algs[alg]
-  if impl == nil then
-    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a + 5]))
-  end
-  local b, k = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local st = states[KEYS[i]]
-  if st == nil then
-    st = impl.load(KEYS[i], b, k)
-    states[KEYS[i]] = st
-  end
-  reqs[i] = {
-    limit = tonumber(ARGV[a + 2]), hits = tonumber(ARGV[a + 3]),
-    veto = ARGV[a + 4] == '1', neg = ARGV[a + 6] == '1', st = st, impl = impl,
-    winNs = k * b * 1000,
-  }
-end
-
 -- answer is a request's answer on its counter, with window.Store's answers
 -- for a key that holds no counter (created only by hits that may fit).
 local function answer(q, hits)
@@ -529,73 +508,113 @@ local function answer(q, hits)
   return q.impl.allow(st, hits, limit)
 end
 
-local vetoed = false
-local out = {}
-for i = 1, n do
-  local q = reqs[i]
-  if not q.neg then
-    local r = answer(q, q.hits)
-    out[i] = r
-    if q.veto and not r.allowed then
-      vetoed = true
-    end
-  end
-end
-for i = 1, n do
-  local q = reqs[i]
-  if q.neg then
-    if vetoed or dry or not q.st.exists then
-      out[i] = answer(q, 0)
-    else
-      q.impl.refund(q.st, q.hits, q.limit)
-      out[i] = q.impl.allow(q.st, 0, q.limit)
-    end
-  end
-end
-
-if vetoed or dry then
+-- runGroup answers one group: its n counters are KEYS[kb+1 .. kb+n], their
+-- arguments packed; it appends 5 integers per counter to reply, and returns
+-- an error message, or nil.
+local function runGroup(kb, packed, n, dry, reply)
+  local states = {}
+  local reqs = {}
+  local pos = 1
   for i = 1, n do
-    local r, q = out[i], reqs[i]
-    if r.recorded then
-      if q.st.alg == 0 and not dry then
-        -- as window.Store does (record, then take back): the open block
-        -- keeps the newer stamp, so both backends hold the same state
-        CP.takeBack(q.st, q.hits)
-        q.st.undone = true
+    local b, k, limit, hits, veto, alg, neg
+    b, k, limit, hits, veto, alg, neg, pos = struct.unpack('<ddddBBB', packed, pos)
+    local impl = algs[alg]
+    if impl == nil then
+      return 'unknown algorithm ' .. tostring(alg)
+    end
+    local key = KEYS[kb + i]
+    local st = states[key]
+    if st == nil then
+      st = impl.load(key, b, k)
+      states[key] = st
+    end
+    reqs[i] = {
+      limit = limit, hits = hits, veto = veto == 1, neg = neg == 1, st = st, impl = impl,
+      winNs = k * b * 1000,
+    }
+  end
+
+  local vetoed = false
+  local out = {}
+  for i = 1, n do
+    local q = reqs[i]
+    if not q.neg then
+      local r = answer(q, q.hits)
+      out[i] = r
+      if q.veto and not r.allowed then
+        vetoed = true
       end
-      r.recorded = false
-      r.remaining = math.min(r.remaining + q.hits, q.limit)
     end
   end
-  -- a counter created by hits that were then taken back stays, empty, as
-  -- in window.Store (its answers differ from a missing key's)
-  if not dry then
+  for i = 1, n do
+    local q = reqs[i]
+    if q.neg then
+      if vetoed or dry or not q.st.exists then
+        out[i] = answer(q, 0)
+      else
+        q.impl.refund(q.st, q.hits, q.limit)
+        out[i] = q.impl.allow(q.st, 0, q.limit)
+      end
+    end
+  end
+
+  if vetoed or dry then
+    for i = 1, n do
+      local r, q = out[i], reqs[i]
+      if r.recorded then
+        if q.st.alg == 0 and not dry then
+          -- as window.Store does (record, then take back): the open block
+          -- keeps the newer stamp, so both backends hold the same state
+          CP.takeBack(q.st, q.hits)
+          q.st.undone = true
+        end
+        r.recorded = false
+        r.remaining = math.min(r.remaining + q.hits, q.limit)
+      end
+    end
+    -- a counter created by hits that were then taken back stays, empty, as
+    -- in window.Store (its answers differ from a missing key's)
+    if not dry then
+      for key, st in pairs(states) do
+        if st.undone then
+          CP.encode(key, st)
+        end
+        if st.created and st.alg == 1 then
+          redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))
+          redis.call('PEXPIRE', key, math.ceil(st.w / 1000000) + 1)
+        elseif st.created and st.alg == 2 then
+          st.cnt, st.dirty = 0, true
+          FW.write(key, st)
+        end
+      end
+    end
+  else
     for key, st in pairs(states) do
-      if st.undone then
-        CP.encode(key, st)
-      end
-      if st.created and st.alg == 1 then
-        redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))
-        redis.call('PEXPIRE', key, math.ceil(st.w / 1000000) + 1)
-      elseif st.created and st.alg == 2 then
-        st.cnt, st.dirty = 0, true
-        FW.write(key, st)
-      end
+      algs[st.alg].write(key, st)
     end
   end
-else
-  for key, st in pairs(states) do
-    algs[st.alg].write(key, st)
+
+  for i = 1, n do
+    local r, a = out[i], #reply
+    reply[a + 1] = r.allowed and 1 or 0
+    reply[a + 2] = r.recorded and 1 or 0
+    reply[a + 3] = r.remaining
+    reply[a + 4] = r.reset
+    reply[a + 5] = r.bucket
   end
+  return nil
 end
 
+-- The groups, each on the counters as the groups before it left them:
+-- every group loads its counters afresh.
 local reply = {}
-for i = 1, n do
-  local r, a = out[i], 5 * (i - 1)
-  reply[a + 1] = r.allowed and 1 or 0
-  reply[a + 2] = r.recorded and 1 or 0
-  reply[a + 3] = r.remaining
-  reply[a + 4] = r.reset
-  reply[a + 5] = r.bucket
+local kb = 0
+for p = 2, #ARGV, 3 do
+  local n, dry = tonumber(ARGV[p]), ARGV[p + 1] == '1'
+  local err = runGroup(kb, ARGV[p + 2], n, dry, reply)
+  if err then
+    return redis.error_reply(err)
+  end
+  kb = kb + n
 end
 return reply

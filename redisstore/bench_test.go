@@ -84,6 +84,11 @@ func benchDo(b *testing.B, s *Store, rt *roundTrips, sp window.Spec, alg string,
 	})
 }
 
+// benchCallersPerCPU is the RunParallel parallelism: 25 goroutines per
+// GOMAXPROCS, 50 on two cores, as many concurrent callers as a busy
+// replica sees.
+const benchCallersPerCPU = 25
+
 // runTimed runs calls from b.RunParallel goroutines (newCall is called once
 // per goroutine; i counts calls across all of them) and reports, besides
 // ns/op and allocations, the p99 latency of one call and the Redis round
@@ -94,6 +99,7 @@ func runTimed(b *testing.B, rt *roundTrips, newCall func() func(ctx context.Cont
 	var lat []time.Duration
 	before := rt.n.Load()
 	b.ReportAllocs()
+	b.SetParallelism(benchCallersPerCPU)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()

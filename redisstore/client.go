@@ -26,10 +26,7 @@ func newClient(o Options) (redis.UniversalClient, bool, error) {
 	case strings.ContainsAny(o.KeyPrefix, "{}"):
 		return nil, false, errors.New("redisstore: Options.KeyPrefix must not contain { or }")
 	}
-	pool := o.PoolSize
-	if pool <= 0 {
-		pool = DefaultPoolSize
-	}
+	pool := o.poolSize()
 	timeout := o.timeout()
 	// Each Do is one non-idempotent script call: a retry after a timeout
 	// could count the hits twice, so go-redis must not retry (MaxRetries -1).

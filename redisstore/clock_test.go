@@ -74,8 +74,8 @@ func TestScriptsReadRedisClock(t *testing.T) {
 		var script string
 		var timeArg any
 		switch len(argv) {
-		case 2 + 7*keys: // allow: (dry, time, 7 per key)
-			script, timeArg = "allow", argv[1]
+		case 4: // allow, one group: (time, n, dry, packed arguments)
+			script, timeArg = "allow", argv[0]
 		case 1 + 6*keys: // undo: (time, 6 per key)
 			script, timeArg = "undo", argv[0]
 		default:

@@ -137,3 +137,11 @@ func (o Options) timeout() time.Duration {
 	}
 	return DefaultTimeout
 }
+
+// poolSize is PoolSize or its default.
+func (o Options) poolSize() int {
+	if o.PoolSize > 0 {
+		return o.PoolSize
+	}
+	return DefaultPoolSize
+}

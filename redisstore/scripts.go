@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -176,38 +177,32 @@ func (s *Store) allow(ctx context.Context, reqs []window.Request, results []wind
 	return err
 }
 
-// runAllow sends one allow script call per group (one pipeline), writes
-// the results and reports whether a Veto request was refused.
+// runAllow sends one allow group per slot group (merged by the pipeliner
+// with the groups of concurrent calls), writes the results and reports
+// whether a Veto request was refused.
 func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []window.Result, keys []string, gs []group, dry bool) (bool, error) {
-	now := s.nowArg()
 	calls := make([]call, len(gs))
 	for g, gr := range gs {
 		c := &calls[g]
+		c.slot = gr.slot
 		c.keys = make([]string, len(gr.idx))
-		c.args = make([]any, 2, 2+7*len(gr.idx))
-		c.args[0], c.args[1] = flag(dry), now
+		packed := make([]byte, 0, packedArgBytes*len(gr.idx))
 		for j, i := range gr.idx {
 			r := &reqs[i]
 			c.keys[j] = keys[i]
-			c.args = append(c.args,
-				int64(r.Spec.BucketLength()/time.Microsecond),
-				r.Spec.Buckets(),
-				min(r.Limit, maxLimit),
-				min(r.Hits, maxLimit+1), // beyond the limit either way
-				flag(r.Veto),
-				int(r.Algorithm),
-				flag(r.Negative))
+			packed = packArgs(packed, r)
 		}
+		c.args = []any{len(gr.idx), flag(dry), packed}
 	}
-	if err := s.run(ctx, "do", allowScript, calls); err != nil {
+	if err := s.runMerged(ctx, "do", calls); err != nil {
 		return false, err
 	}
 
 	vetoed := false
 	for g, gr := range gs {
-		vals, err := calls[g].cmd.Int64Slice()
-		if err != nil || len(vals) != 5*len(gr.idx) {
-			return false, fmt.Errorf("unexpected script reply %v: %w", calls[g].cmd.Val(), err)
+		vals := calls[g].vals
+		if len(vals) != 5*len(gr.idx) {
+			return false, fmt.Errorf("unexpected script reply: %d values for %d counters", len(vals), len(gr.idx))
 		}
 		for j, i := range gr.idx {
 			v := vals[5*j : 5*j+5]
@@ -227,6 +222,31 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 		}
 	}
 	return vetoed, nil
+}
+
+// packedArgBytes is the size of one counter's packed arguments: four
+// doubles and three bytes (struct.pack('<ddddBBB') in allow.lua).
+const packedArgBytes = 4*8 + 3
+
+// packArgs appends the allow script's arguments for r (see allow.lua). The
+// doubles are exact: every value is below 2^53.
+func packArgs(dst []byte, r *window.Request) []byte {
+	for _, v := range []uint64{
+		uint64(r.Spec.BucketLength() / time.Microsecond),
+		uint64(r.Spec.Buckets()),
+		min(r.Limit, maxLimit),
+		min(r.Hits, maxLimit+1), // beyond the limit either way
+	} {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
+	}
+	return append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative))
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // takeBack undoes the hits that slots other than a refusing Veto's recorded
@@ -279,58 +299,37 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 	return s.run(ctx, "undo", undoScript, calls)
 }
 
-// call is one script invocation.
+// call is one script invocation, or for the allow script one group of
+// one (see allow.lua), which the pipeliner merges with others.
 type call struct {
 	keys []string
 	args []any
-	cmd  *redis.Cmd
+	slot uint16     // the hash slot of keys (Cluster)
+	cmd  *redis.Cmd // the reply of an unmerged call
+	vals []int64    // the reply of a merged call: 5 integers per key
 }
 
-// run sends calls in one round trip: one EVALSHA, or a pipeline of them.
-// Scripts missing from Redis's cache (NOSCRIPT: restarted or SCRIPT FLUSH)
-// are sent again with EVAL; no script ran in that case, so this is safe.
+// run sends calls of script through the pipeliner, each on its own (one
+// round trip, shared with the calls of concurrent operations), and times
+// them.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, calls []call) error {
+	return s.timed(op, func() error { return s.pipe.do(ctx, &job{script: script, calls: calls}) })
+}
+
+// runMerged sends allow groups through the pipeliner, which merges them
+// with the groups of concurrent calls into one script call per slot.
+func (s *Store) runMerged(ctx context.Context, op string, calls []call) error {
+	return s.timed(op, func() error {
+		return s.pipe.do(ctx, &job{script: allowScript, calls: calls, merged: true, now: s.nowArg()})
+	})
+}
+
+func (s *Store) timed(op string, f func() error) error {
 	start := time.Now()
-	err := s.send(ctx, script, calls)
+	err := f()
 	s.metrics.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.errors.WithLabelValues(op).Inc()
 	}
 	return err
-}
-
-func (s *Store) send(ctx context.Context, script *redis.Script, calls []call) error {
-	if len(calls) == 1 {
-		c := &calls[0]
-		c.cmd = script.Run(ctx, s.client, c.keys, c.args...)
-		return c.cmd.Err()
-	}
-	pipe := s.client.Pipeline()
-	for i := range calls {
-		calls[i].cmd = script.EvalSha(ctx, pipe, calls[i].keys, calls[i].args...)
-	}
-	_, _ = pipe.Exec(ctx)
-	var retry []int
-	for i := range calls {
-		if err := calls[i].cmd.Err(); err != nil {
-			if !redis.HasErrorPrefix(err, "NOSCRIPT") {
-				return err
-			}
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) == 0 {
-		return nil
-	}
-	pipe = s.client.Pipeline()
-	for _, i := range retry {
-		calls[i].cmd = script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, i := range retry {
-		if err := calls[i].cmd.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -80,6 +80,7 @@ type Store struct {
 	metrics  *metrics
 	interval time.Duration
 	timeout  time.Duration
+	pipe     *pipeliner
 
 	state atomic.Int32
 	// nudge asks the health check to probe now (a request failed).
@@ -153,6 +154,7 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		s.cache = newOverLimitCache(opts.LocalCacheBytes)
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
+	s.pipe = newPipeliner(ctx, client, min(pipelineWorkers, opts.poolSize()), s.timeout)
 	go s.healthLoop(ctx)
 	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
 		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes)
@@ -173,8 +175,10 @@ func (s *Store) Close() error {
 // Do answers reqs with the window.Limiter contract, in one round trip to
 // Redis (none when the local over-limit cache answers every request; two
 // for a Cluster batch over several slots in which a Veto refuses, or which
-// holds both a Veto request and a refund). Redis's clock decides the
-// window; the replica's clock does not matter.
+// holds both a Veto request and a refund), shared with the calls of
+// concurrent Do and Undo calls (see pipeliner). Options.Timeout bounds the
+// whole call. Redis's clock decides the window; the replica's clock does
+// not matter.
 func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
 	results := make([]window.Result, len(reqs))
 	if len(reqs) == 0 {
@@ -233,7 +237,11 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 	if s.state.Load() == stateDown {
 		err = ErrUnavailable
 	} else {
-		err = s.allow(ctx, reqs, results, send, dry)
+		// Timeout bounds the whole call, every round trip and the wait
+		// for a connection included.
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		err = s.allow(rctx, reqs, results, send, dry)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("redis: %w", err) // the caller gave up, Redis did not fail
@@ -290,7 +298,10 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 	if len(remote) > 0 && s.state.Load() == stateDown {
 		errs = append(errs, fmt.Errorf("redis: %w", ErrUnavailable))
 	} else if len(remote) > 0 {
-		if err := s.undo(ctx, reqs, results, remote); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		err := s.undo(rctx, reqs, results, remote)
+		cancel()
+		if err != nil {
 			if ctx.Err() == nil {
 				s.suspect(err)
 			}

@@ -461,3 +461,53 @@ func TestInvalidSpec(t *testing.T) {
 		t.Fatalf("cancelled: %v", err)
 	}
 }
+
+// TestConcurrentCallsMerge: concurrent Do calls share script calls (fewer
+// round trips than calls) and each keeps its own all-or-nothing answer: a
+// call vetoed by a refused descriptor records nothing even when its groups
+// ran in one script with others that recorded.
+func TestConcurrentCallsMerge(t *testing.T) {
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{HealthInterval: time.Hour})
+	waitHealthy(t, s)
+	rt := countRoundTrips(s)
+	sp := mustSpec(t, time.Minute, 10)
+	ctx := context.Background()
+	const callers, each = 50, 20
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range callers {
+		wg.Go(func() {
+			for i := range each {
+				reqs := []window.Request{{Key: "shared", Spec: sp, Limit: 1_000_000, Hits: 1, Veto: true}}
+				vetoed := (g+i)%2 == 0
+				if vetoed {
+					reqs = append(reqs, window.Request{Key: "banned", Spec: sp, Limit: 0, Hits: 1, Veto: true})
+				}
+				res, err := s.Do(ctx, reqs)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if vetoed != !res[0].Recorded {
+					t.Errorf("call vetoed=%v answered %+v", vetoed, res)
+				}
+				if res[0].Recorded {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res, err := s.Do(ctx, []window.Request{{Key: "shared", Spec: sp, Limit: 1_000_000, Hits: 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := 1_000_000 - res[0].Remaining; used != uint64(admitted.Load()) || used != callers*each/2 {
+		t.Errorf("shared counts %d hits; %d calls recorded, want %d", used, admitted.Load(), callers*each/2)
+	}
+	if n := rt.n.Load(); n >= callers*each {
+		t.Errorf("%d round trips for %d calls: nothing was merged", n, callers*each)
+	}
+	t.Logf("%d calls in %d round trips", callers*each, rt.n.Load())
+}

@@ -65,6 +65,10 @@ func main() {
 		concurrency = flag.Int("concurrency", 32, "concurrent callers")
 		backends    = flag.String("backend", "memory", "memory, redis or both")
 		extprocRate = flag.Int("extproc-workers", 4, "concurrent ext_proc stream openers in the +ext_proc scenarios")
+		connections = flag.Int("connections", 4, "gRPC connections the callers share")
+		compare     = flag.Bool("compare", false, "compare Leapgate (memory, Redis) with envoyproxy/ratelimit on one redis-server, in interleaved rounds")
+		rounds      = flag.Int("rounds", 3, "rounds of the -compare measurements")
+		peerVersion = flag.String("peer-version", "v1.4.1-0.20260122083618-3fb702589d36", "version of github.com/envoyproxy/ratelimit that -compare builds")
 		serveEmpty  = flag.String("serve-empty", "", "internal: serve the empty-handler ceiling on this address")
 	)
 	flag.Parse()
@@ -75,7 +79,14 @@ func main() {
 		}
 		return
 	}
-	cfg := config{duration: *duration, warmup: *warmup, concurrency: *concurrency, extprocWorkers: *extprocRate}
+	cfg := config{duration: *duration, warmup: *warmup, concurrency: *concurrency, connections: max(*connections, 1), extprocWorkers: *extprocRate}
+	if *compare {
+		if err := runCompare(cfg, *binary, *peerVersion, max(*rounds, 1)); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(cfg, *binary, *backends); err != nil {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(1)
@@ -85,6 +96,7 @@ func main() {
 type config struct {
 	duration, warmup time.Duration
 	concurrency      int
+	connections      int
 	extprocWorkers   int
 }
 
@@ -126,6 +138,7 @@ func scenarios() []scenario {
 type result struct {
 	scenario, backend string
 	requests, errors  uint64
+	totalRequests     uint64 // calls made, warm-up included
 	rps               float64
 	p50, p99, p999    time.Duration
 	streams           uint64 // ext_proc streams completed alongside
@@ -207,9 +220,11 @@ func run(cfg config, binary, backends string) error {
 		grpcAddr, _ := freeAddr()
 		httpAddr, _ := freeAddr()
 		debugAddr, _ := freeAddr()
+		reportAddr, _ := freeAddr()
 		env = append(env, hostPort("GRPC", grpcAddr)...)
 		env = append(env, hostPort("", httpAddr)...)
 		env = append(env, hostPort("DEBUG", debugAddr)...)
+		env = append(env, hostPort("REPORT", reportAddr)...)
 		svc, err := startProcess(ctx, binary, env)
 		if err != nil {
 			stop(redis)
@@ -255,7 +270,7 @@ func hostPort(prefix, addr string) []string {
 // measure runs one scenario against addr: a warm-up, then cfg.duration of
 // measured calls from cfg.concurrency callers spread over four connections.
 func measure(ctx context.Context, cfg config, addr string, sc scenario, backend string) (result, error) {
-	conns := make([]*grpc.ClientConn, 4)
+	conns := make([]*grpc.ClientConn, cfg.connections)
 	for i := range conns {
 		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -340,7 +355,7 @@ func measure(ctx context.Context, cfg config, addr string, sc scenario, backend 
 	pct := func(p float64) time.Duration { return all[min(len(all)-1, int(float64(len(all))*p))] }
 	return result{
 		scenario: sc.name, backend: backend,
-		requests: uint64(len(all)), errors: errs.Load(),
+		requests: uint64(len(all)), errors: errs.Load(), totalRequests: counter.Load(),
 		rps: float64(len(all)) / elapsed.Seconds(),
 		p50: pct(0.50), p99: pct(0.99), p999: pct(0.999),
 		streams: streams.Load(),
@@ -397,7 +412,7 @@ func oneExtProcStream(ctx context.Context, client extprocv3.ExternalProcessorCli
 func printTable(w io.Writer, cfg config, results []result, ceiling float64) {
 	fmt.Fprintf(w, "Machine: %d CPUs (GOMAXPROCS %d), %s %s/%s. Load generator and server share the machine.\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	fmt.Fprintf(w, "Each scenario: %v warm-up, %v measured, %d concurrent callers over 4 connections.\n\n", cfg.warmup, cfg.duration, cfg.concurrency)
+	fmt.Fprintf(w, "Each scenario: %v warm-up, %v measured, %d concurrent callers over %d connections.\n\n", cfg.warmup, cfg.duration, cfg.concurrency, cfg.connections)
 	fmt.Fprintln(w, "| scenario | backend | req/s | share of ceiling | p50 | p99 | p99.9 | errors | ext_proc streams/s |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range results {

@@ -1,0 +1,225 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// pipelineWorkers is how many pipelines may be in flight at once (each on
+// its own pooled connection): one waits for Redis while the next fills, and
+// Redis runs them one after another anyway. Measured on two cores, 50
+// concurrent callers: 2 workers send batches of about 16 calls and beat 1,
+// 4 and 10 (docs/redis.md).
+const pipelineWorkers = 2
+
+// maxBatchCalls bounds the calls one round trip carries, so that one
+// pipeline never grows without bound under a burst.
+const maxBatchCalls = 256
+
+// pipeliner coalesces the script calls of concurrent Do and Undo calls into
+// one round trip: each of its workers takes every job waiting at that
+// moment and sends them in one pipeline, in which the allow groups of all
+// jobs become one script call per hash slot (one call on a single node).
+// When idle, a job is sent at once (a worker is waiting for it), so
+// batching adds no latency; under concurrency, n callers cost a few round
+// trips and script calls instead of n. Each of the pipelineWorkers workers
+// holds at most one pooled connection at a time.
+type pipeliner struct {
+	client  redis.UniversalClient
+	timeout time.Duration
+	queue   chan *job
+}
+
+// job is the calls of one Store operation. A merged job's calls are allow
+// groups, sent with the groups of other merged jobs under now (the time
+// argument: "" for Redis's TIME). done receives the first error among the
+// job's calls, or nil.
+type job struct {
+	script *redis.Script
+	calls  []call
+	merged bool
+	now    string
+	done   chan error
+}
+
+// newPipeliner starts workers workers that run until ctx is done.
+func newPipeliner(ctx context.Context, client redis.UniversalClient, workers int, timeout time.Duration) *pipeliner {
+	p := &pipeliner{client: client, timeout: timeout, queue: make(chan *job, 4*maxBatchCalls)}
+	for range workers {
+		go p.work(ctx)
+	}
+	return p
+}
+
+// do sends j and waits for its replies, or for ctx. A call whose caller
+// gave up may still run: like any Redis command that timed out, its effect
+// is unknown.
+func (p *pipeliner) do(ctx context.Context, j *job) error {
+	j.done = make(chan error, 1)
+	select {
+	case p.queue <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-j.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *pipeliner) work(ctx context.Context) {
+	batch := make([]*job, 0, 64)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-p.queue:
+			batch = append(batch[:0], j)
+		}
+		n := len(batch[0].calls)
+	drain:
+		for n < maxBatchCalls {
+			select {
+			case j := <-p.queue:
+				batch = append(batch, j)
+				n += len(j.calls)
+			default:
+				break drain
+			}
+		}
+		p.flush(batch)
+		clear(batch)
+	}
+}
+
+// segment is one call's part of a merged script call.
+type segment struct {
+	job  int
+	call int
+}
+
+// merged is one script call made of the allow groups of several calls.
+type merged struct {
+	slot uint16
+	now  string
+	keys []string
+	args []any
+	segs []segment
+	cmd  *redis.Cmd
+}
+
+// flush sends batch in one pipeline and answers every job. Scripts missing
+// from Redis's cache (NOSCRIPT: a restarted Redis or SCRIPT FLUSH) are sent
+// again with EVAL; no script ran in that case, so this is safe.
+func (p *pipeliner) flush(batch []*job) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	errs := make([]error, len(batch))
+
+	// The allow groups, merged per slot and time argument.
+	var ms []*merged
+	for ji, j := range batch {
+		if !j.merged {
+			continue
+		}
+	calls:
+		for ci := range j.calls {
+			c := &j.calls[ci]
+			for _, m := range ms {
+				if m.now == j.now && m.slot == c.slot {
+					m.keys = append(m.keys, c.keys...)
+					m.args = append(m.args, c.args...)
+					m.segs = append(m.segs, segment{ji, ci})
+					continue calls
+				}
+			}
+			m := &merged{slot: c.slot, now: j.now, keys: append([]string(nil), c.keys...), segs: []segment{{ji, ci}}}
+			m.args = append([]any{j.now}, c.args...)
+			ms = append(ms, m)
+		}
+	}
+
+	send := func(pipe redis.Pipeliner, eval bool, script *redis.Script, keys []string, args []any) *redis.Cmd {
+		if eval {
+			return script.Eval(ctx, pipe, keys, args...)
+		}
+		return script.EvalSha(ctx, pipe, keys, args...)
+	}
+	pipe := p.client.Pipeline()
+	for _, m := range ms {
+		m.cmd = send(pipe, false, allowScript, m.keys, m.args)
+	}
+	for _, j := range batch {
+		if j.merged {
+			continue
+		}
+		for ci := range j.calls {
+			c := &j.calls[ci]
+			c.cmd = send(pipe, false, j.script, c.keys, c.args)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+
+	// NOSCRIPT: send those again, in full.
+	noScript := func(cmd *redis.Cmd) bool { return cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") }
+	var retry redis.Pipeliner
+	again := func() redis.Pipeliner {
+		if retry == nil {
+			retry = p.client.Pipeline()
+		}
+		return retry
+	}
+	for _, m := range ms {
+		if noScript(m.cmd) {
+			m.cmd = send(again(), true, allowScript, m.keys, m.args)
+		}
+	}
+	for _, j := range batch {
+		if j.merged {
+			continue
+		}
+		for ci := range j.calls {
+			if c := &j.calls[ci]; noScript(c.cmd) {
+				c.cmd = send(again(), true, j.script, c.keys, c.args)
+			}
+		}
+	}
+	if retry != nil {
+		_, _ = retry.Exec(ctx)
+	}
+
+	// Replies.
+	for _, m := range ms {
+		vals, err := m.cmd.Int64Slice()
+		if err == nil && len(vals) != 5*len(m.keys) {
+			err = fmt.Errorf("allow script returned %d values for %d keys", len(vals), len(m.keys))
+		}
+		off := 0
+		for _, sg := range m.segs {
+			c := &batch[sg.job].calls[sg.call]
+			if err != nil {
+				if errs[sg.job] == nil {
+					errs[sg.job] = err
+				}
+				continue
+			}
+			c.vals = vals[off : off+5*len(c.keys) : off+5*len(c.keys)]
+			off += 5 * len(c.keys)
+		}
+	}
+	for ji, j := range batch {
+		if !j.merged {
+			for ci := range j.calls {
+				if err := j.calls[ci].cmd.Err(); err != nil && errs[ji] == nil {
+					errs[ji] = err
+				}
+			}
+		}
+		j.done <- errs[ji]
+	}
+}
