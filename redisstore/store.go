@@ -83,6 +83,10 @@ type Store struct {
 	pipe     *pipeliner
 
 	state atomic.Int32
+	// lastLocal is when the local fallback last recorded hits (s.clock,
+	// ns; 0 never): until a window has passed, Redis's answers also
+	// count them (withLocalHits).
+	lastLocal atomic.Int64
 	// nudge asks the health check to probe now (a request failed).
 	nudge chan struct{}
 	// nowMicros, when set (tests only), replaces Redis's TIME.
@@ -240,8 +244,19 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		// Timeout bounds the whole call, every round trip and the wait
 		// for a connection included.
 		rctx, cancel := context.WithTimeout(ctx, s.timeout)
-		err = s.allow(rctx, reqs, results, send, dry)
+		sent, localReset, lerr := s.withLocalHits(rctx, reqs, send)
+		err = lerr
+		if err == nil {
+			err = s.allow(rctx, sent, results, send, dry)
+		}
 		cancel()
+		if err == nil && localReset != nil {
+			for _, i := range send {
+				if r := &results[i]; !r.Allowed {
+					r.Reset = max(r.Reset, localReset[i])
+				}
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("redis: %w", err) // the caller gave up, Redis did not fail
