@@ -13,7 +13,7 @@ FUZZTIME ?= 5s
 # Length of `make soak` (`make test` runs the same soak for 3s per backend).
 SOAK ?= 3m
 
-.PHONY: run test bench soak check-config accuracy loadtest mutate
+.PHONY: run test bench soak check-config accuracy loadtest compare mutate
 
 run:
 	$(GO) run ./cmd/ratelimit
@@ -41,6 +41,12 @@ accuracy:
 LOADTEST_FLAGS ?= -duration 10s -concurrency 32 -backend both
 loadtest:
 	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
+
+# Leapgate (memory, Redis) against envoyproxy/ratelimit, built from its Go
+# module, on one redis-server, in interleaved rounds (see docs/redis.md).
+COMPARE_FLAGS ?= -concurrency 50 -connections 1 -duration 5s -warmup 1s -rounds 3
+compare:
+	$(GO) run ./cmd/loadtest -compare $(COMPARE_FLAGS)
 
 # Mutation testing with gremlins (installed when missing) over the packages
 # whose behaviour the tests defend; see docs/development.md. Slow: not part
