@@ -11,13 +11,14 @@ type metrics struct {
 	fallbacks *prometheus.CounterVec   // by mode: error, allow, deny, local
 	cacheHits prometheus.Counter
 	up        prometheus.Gauge
+	batch     prometheus.Histogram // Store operations per round trip
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "leapgate_redis_call_duration_seconds",
-			Help:    "Duration of calls to Redis (one round trip each), by operation.",
+			Help:    "Duration of calls to Redis as the caller waits for them (queueing for a shared pipeline included), by operation.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -32,6 +33,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "leapgate_redis_local_cache_hits_total",
 			Help: "Requests refused from the local over-limit cache without asking Redis.",
 		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "leapgate_redis_pipeline_operations",
+			Help:    "Store operations (a request's Do or Undo) sent together in one round trip to Redis: how much concurrent requests share.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "leapgate_redis_up",
 			Help: "1 when the last health check of Redis succeeded, else 0.",
@@ -40,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.fallbacks, m.cacheHits, m.up} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.fallbacks, m.cacheHits, m.up, m.batch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -31,6 +32,7 @@ type pipeliner struct {
 	client  redis.UniversalClient
 	timeout time.Duration
 	queue   chan *job
+	batch   prometheus.Observer // operations per round trip
 }
 
 // job is the calls of one Store operation. A merged job's calls are allow
@@ -46,8 +48,8 @@ type job struct {
 }
 
 // newPipeliner starts workers workers that run until ctx is done.
-func newPipeliner(ctx context.Context, client redis.UniversalClient, workers int, timeout time.Duration) *pipeliner {
-	p := &pipeliner{client: client, timeout: timeout, queue: make(chan *job, 4*maxBatchCalls)}
+func newPipeliner(ctx context.Context, client redis.UniversalClient, workers int, timeout time.Duration, batch prometheus.Observer) *pipeliner {
+	p := &pipeliner{client: client, timeout: timeout, queue: make(chan *job, 4*maxBatchCalls), batch: batch}
 	for range workers {
 		go p.work(ctx)
 	}
@@ -92,6 +94,7 @@ func (p *pipeliner) work(ctx context.Context) {
 				break drain
 			}
 		}
+		p.batch.Observe(float64(len(batch)))
 		p.flush(batch)
 		clear(batch)
 	}

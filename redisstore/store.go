@@ -158,7 +158,7 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		s.cache = newOverLimitCache(opts.LocalCacheBytes)
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	s.pipe = newPipeliner(ctx, client, min(pipelineWorkers, opts.poolSize()), s.timeout)
+	s.pipe = newPipeliner(ctx, client, min(pipelineWorkers, opts.poolSize()), s.timeout, m.batch)
 	go s.healthLoop(ctx)
 	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
 		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +47,7 @@ descriptors:
 type target struct {
 	name  string
 	addr  string
+	http  string // Leapgate's HTTP listener, for /metrics; "" for the others
 	pid   int
 	redis bool // runs on the shared redis-server: its CPU is measured
 }
@@ -182,7 +184,11 @@ func runCompare(cfg config, binary, peerVersion string, rounds int) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		targets = append(targets, target{name: name, addr: grpcAddr, pid: p.Process.Pid, redis: redisBacked})
+		tg := target{name: name, addr: grpcAddr, pid: p.Process.Pid, redis: redisBacked}
+		if path == binary {
+			tg.http = httpAddr
+		}
+		targets = append(targets, tg)
 		return nil
 	}
 	runtimeEnv := []string{"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "LOG_LEVEL=warn"}
@@ -234,7 +240,7 @@ func runCompare(cfg config, binary, peerVersion string, rounds int) error {
 				}
 				svc := (processCPU(tg.pid) - svcBefore) * 1000 / time.Duration(max(r.totalRequests, 1))
 				rows[s][t] = append(rows[s][t], sample{rps: r.rps, p99: r.p99, cpuPer1k: cpu, svcPer1k: svc})
-				fmt.Fprintf(os.Stderr, "round %d/%d: %-14s %-30s %8.0f req/s  p99 %v\n", round+1, rounds, sc.name, tg.name, r.rps, round2(r.p99))
+				fmt.Fprintf(os.Stderr, "round %d/%d: %-14s %-30s %8.0f req/s  p99 %v%s\n", round+1, rounds, sc.name, tg.name, r.rps, round2(r.p99), pipelineShare(tg))
 			}
 		}
 	}
@@ -276,6 +282,33 @@ func runCompare(cfg config, binary, peerVersion string, rounds int) error {
 		}
 	}
 	return nil
+}
+
+// pipelineShare reads Leapgate's leapgate_redis_pipeline_operations
+// histogram (cumulative since start) and describes it, or "".
+func pipelineShare(tg target) string {
+	if tg.http == "" || !tg.redis {
+		return ""
+	}
+	resp, err := http.Get("http://" + tg.http + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var sum, count float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "leapgate_redis_pipeline_operations_sum "); ok {
+			sum, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "leapgate_redis_pipeline_operations_count "); ok {
+			count, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if count == 0 {
+		return ""
+	}
+	return fmt.Sprintf("  (so far %.1f operations per round trip)", sum/count)
 }
 
 // redisCPU is the CPU time redis-server has used (INFO cpu: system plus
