@@ -113,9 +113,10 @@ func (b *Breaker) Config() Config { return b.cfg }
 func (b *Breaker) State() State { return State(b.state.Load()) }
 
 // AllowAt reports whether a request may pass at now and, if not, how long
-// until the breaker may admit one: the time until it half-opens, or, while
-// half-open with every probe slot taken, until the oldest probe times out.
-// In the half-open state an admitted request is a probe.
+// until a retry surely can (if no probe reports in between): the time until
+// it half-opens, or, while half-open with every probe slot taken, until the
+// oldest probe times out plus OpenDuration (the breaker reopens then). In
+// the half-open state an admitted request is a probe.
 func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration) {
 	switch State(b.state.Load()) {
 	case Closed:
@@ -140,8 +141,10 @@ func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration)
 		return true, 0
 	}
 	// Every slot is taken and at least one probe is outstanding (all
-	// reported would have closed or reopened the breaker).
-	return false, max(b.probes[0]+b.cfg.ProbeTimeout-now, time.Nanosecond)
+	// reported would have closed or reopened the breaker). Unless the
+	// probes report success first, the oldest one times out, the breaker
+	// reopens then for OpenDuration, and only after that can a retry pass.
+	return false, max(b.probes[0]+b.cfg.ProbeTimeout+b.cfg.OpenDuration-now, time.Nanosecond)
 }
 
 // ObserveAt records the outcome of one request observed at now and moves
@@ -187,18 +190,33 @@ func (b *Breaker) AdvanceAt(now time.Duration) State {
 	return State(b.state.Load())
 }
 
-// advance applies the time-driven transitions; b.mu is held.
+// advance applies every time-driven transition due by now, each at the
+// instant it came due (not at now): open to half-open once OpenDuration has
+// elapsed, half-open back to open when the oldest probe has been
+// outstanding for ProbeTimeout, and so on, however long nothing asked.
+// b.mu is held.
 func (b *Breaker) advance(now time.Duration) {
-	switch State(b.state.Load()) {
-	case Open:
-		if now >= time.Duration(b.until.Load()) {
+	for {
+		switch State(b.state.Load()) {
+		case Open:
+			until := time.Duration(b.until.Load())
+			if now < until {
+				return
+			}
 			b.admitted, b.succeeded = 0, 0
 			b.probes = b.probes[:0]
-			b.set(now, Open, HalfOpen, "open_duration elapsed", 0, 0)
-		}
-	case HalfOpen:
-		if len(b.probes) > 0 && now >= b.probes[0]+b.cfg.ProbeTimeout {
-			b.open(now, HalfOpen, "probe timeout", 0, 0)
+			b.set(until, Open, HalfOpen, "open_duration elapsed", 0, 0)
+		case HalfOpen:
+			if len(b.probes) == 0 {
+				return
+			}
+			due := b.probes[0] + b.cfg.ProbeTimeout
+			if now < due {
+				return
+			}
+			b.open(due, HalfOpen, "probe timeout", 0, 0)
+		default:
+			return
 		}
 	}
 }

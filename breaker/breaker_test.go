@@ -153,16 +153,16 @@ func TestLifecycle(t *testing.T) {
 	if ok, wait := b.AllowAt(6*s - 1); ok || wait != 1 {
 		t.Fatalf("AllowAt(6s-1ns) = %v, %v; want false, 1ns", ok, wait)
 	}
-	// Half-open lazily at 6s: two probes admitted, the third refused until
-	// the oldest probe would time out.
+	// Half-open at 6s: two probes admitted, the third refused until a retry
+	// surely passes: the oldest probe's timeout (7s) plus a reopened period.
 	if ok, _ := b.AllowAt(6 * s); !ok || b.State() != HalfOpen {
 		t.Fatalf("first probe refused or state %v", b.State())
 	}
 	if ok, _ := b.AllowAt(6*s + 100*ms); !ok {
 		t.Fatal("second probe refused")
 	}
-	if ok, wait := b.AllowAt(6*s + 200*ms); ok || wait != 800*ms {
-		t.Fatalf("third request = %v, %v; want false, 800ms", ok, wait)
+	if ok, wait := b.AllowAt(6*s + 200*ms); ok || wait != 5*s+800*ms {
+		t.Fatalf("third request = %v, %v; want false, 5.8s", ok, wait)
 	}
 	// Both probes succeed: closed, with a fresh window.
 	b.ObserveAt(6*s+300*ms, fast)
@@ -239,12 +239,73 @@ func TestProbeTimeoutWithSlotsFull(t *testing.T) {
 	b.AllowAt(5*s + 500*ms)
 	b.ObserveAt(5*s+600*ms, fast) // pairs with the oldest probe
 	// The second probe (admitted at 5.5s) is outstanding; refused requests
-	// learn when it times out.
-	if ok, wait := b.AllowAt(6 * s); ok || wait != 500*ms {
-		t.Fatalf("AllowAt(6s) = %v, %v; want false, 500ms", ok, wait)
+	// learn the earliest time a retry can pass: it times out at 6.5s, the
+	// breaker reopens for 5s, and half-opens at 11.5s.
+	if ok, wait := b.AllowAt(6 * s); ok || wait != 5*s+500*ms {
+		t.Fatalf("AllowAt(6s) = %v, %v; want false, 5.5s", ok, wait)
 	}
 	if st := b.AdvanceAt(6*s + 500*ms); st != Open {
 		t.Fatalf("state after second probe timed out = %v, want open", st)
+	}
+	// The hint was exact: refused just before, admitted at it.
+	if ok, _ := b.AllowAt(11*s + 500*ms - 1); ok {
+		t.Fatal("admitted before the hinted retry time")
+	}
+	if ok, _ := b.AllowAt(11*s + 500*ms); !ok {
+		t.Fatal("refused at the hinted retry time")
+	}
+}
+
+// A probe that never reports is noticed when its timeout comes due, not
+// when the next request happens to come: every transition due by then is
+// applied at its own instant.
+func TestLostProbeTransitionsAtTheirInstants(t *testing.T) {
+	tests := []struct {
+		name    string
+		at      time.Duration // the first call after the probe
+		ok      bool
+		wait    time.Duration
+		history []State // the transitions after the first half-open, in order
+	}{
+		{"at the timeout", 6 * s, false, 5 * s, []State{Open}},
+		{"one tick after", 6*s + 1, false, 5*s - 1, []State{Open}},
+		{"during the reopened period", 8 * s, false, 3 * s, []State{Open}},
+		{"when it half-opens again", 11 * s, true, 0, []State{Open, HalfOpen}},
+		// Long after, with no traffic: a new probe, not a fresh open period.
+		{"much later", 11*s + 650*ms, true, 0, []State{Open, HalfOpen}},
+		// Later still, past the second probe timeout that never came due
+		// (no probe was admitted in the second half-open period).
+		{"far later", 60 * s, true, 0, []State{Open, HalfOpen}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var rec recorder
+			b := openBreaker(t, &rec, 0)
+			if ok, _ := b.AllowAt(5 * s); !ok {
+				t.Fatal("probe refused")
+			}
+			n := len(rec.got)
+			ok, wait := b.AllowAt(tt.at)
+			if ok != tt.ok || wait != tt.wait {
+				t.Errorf("AllowAt(%v) = %v, %v; want %v, %v", tt.at, ok, wait, tt.ok, tt.wait)
+			}
+			got := rec.got[n:]
+			if len(got) != len(tt.history) {
+				t.Fatalf("transitions %+v, want states %v", got, tt.history)
+			}
+			for i, tr := range got {
+				if tr.To != tt.history[i] {
+					t.Errorf("transition %d to %v, want %v", i, tr.To, tt.history[i])
+				}
+			}
+			// Each at the instant it came due.
+			if got[0].At != 6*s || got[0].Reason != "probe timeout" {
+				t.Errorf("reopen %+v, want at 6s for probe timeout", got[0])
+			}
+			if len(got) > 1 && got[1].At != 11*s {
+				t.Errorf("half-open again at %v, want 11s", got[1].At)
+			}
+		})
 	}
 }
 

@@ -69,12 +69,13 @@ func TestBreakerEndToEnd(t *testing.T) {
 	e.clock.Advance(2 * time.Second)
 	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 3*time.Second)
 
-	// Half-open: two probes pass, the third waits for the oldest probe's
-	// timeout (2s).
+	// Half-open: two probes pass, the third is told when a retry surely
+	// passes: the oldest probe's timeout (2s), then a reopened open_duration
+	// (5s).
 	e.clock.Advance(3 * time.Second)
 	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OK, 0)
 	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OK, 0)
-	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 2*time.Second)
+	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 7*time.Second)
 	if st := e.stats(slowRule); st.State != breaker.HalfOpen || st.ProbesAdmitted != 2 {
 		t.Fatalf("half-open: %+v", st.Stats)
 	}
@@ -123,7 +124,9 @@ func TestBreakerEndToEndProbeFailure(t *testing.T) {
 	// breaker reopens instead of sticking in half-open.
 	e.clock.Advance(5 * time.Second)
 	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OK, 0)
-	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 5*time.Second)
+	// Slot taken: a retry surely passes after the timeout and a reopened
+	// open_duration.
+	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 10*time.Second)
 	e.clock.Advance(5 * time.Second)
 	e.expectCode(e.shouldRateLimit(desc...), rlsv3.RateLimitResponse_OVER_LIMIT, 5*time.Second)
 	if st := e.stats(ordersRule); st.State != breaker.Open {
