@@ -104,7 +104,7 @@ func comparedScenarios() []scenario {
 }
 
 // runCompare runs the comparison and prints its table.
-func runCompare(cfg config, binary, peerVersion string, rounds int) error {
+func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "leapgate-compare-")
 	if err != nil {
@@ -185,7 +185,7 @@ func runCompare(cfg config, binary, peerVersion string, rounds int) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		tg := target{name: name, addr: grpcAddr, pid: p.Process.Pid, redis: redisBacked}
-		if path == binary {
+		if path == binary || path == candidate {
 			tg.http = httpAddr
 		}
 		targets = append(targets, tg)
@@ -201,6 +201,11 @@ func runCompare(cfg config, binary, peerVersion string, rounds int) error {
 	}
 	if err := start("Leapgate, Redis", true, binary, append(runtimeEnv, redisEnv...)); err != nil {
 		return err
+	}
+	if candidate != "" {
+		if err := start("candidate, Redis", true, candidate, append(runtimeEnv, redisEnv...)); err != nil {
+			return err
+		}
 	}
 	if err := start("envoyproxy/ratelimit, Redis", true, peer, append(runtimeEnv, append(redisEnv, "USE_STATSD=false", "RUNTIME_WATCH_ROOT=false")...)); err != nil {
 		return err

@@ -68,6 +68,7 @@ func main() {
 		connections = flag.Int("connections", 4, "gRPC connections the callers share")
 		compare     = flag.Bool("compare", false, "compare Leapgate (memory, Redis) with envoyproxy/ratelimit on one redis-server, in interleaved rounds")
 		rounds      = flag.Int("rounds", 3, "rounds of the -compare measurements")
+		candidate   = flag.String("candidate", "", "another ratelimit binary that -compare also measures on Redis, interleaved (an A/B of a change)")
 		peerVersion = flag.String("peer-version", "v1.4.1-0.20260122083618-3fb702589d36", "version of github.com/envoyproxy/ratelimit that -compare builds")
 		serveEmpty  = flag.String("serve-empty", "", "internal: serve the empty-handler ceiling on this address")
 	)
@@ -81,7 +82,7 @@ func main() {
 	}
 	cfg := config{duration: *duration, warmup: *warmup, concurrency: *concurrency, connections: max(*connections, 1), extprocWorkers: *extprocRate}
 	if *compare {
-		if err := runCompare(cfg, *binary, *peerVersion, max(*rounds, 1)); err != nil {
+		if err := runCompare(cfg, *binary, *candidate, *peerVersion, max(*rounds, 1)); err != nil {
 			fmt.Fprintln(os.Stderr, "loadtest:", err)
 			os.Exit(1)
 		}
