@@ -38,6 +38,9 @@ type Observation struct {
 	InFlight     bool
 	// Source names where the observation came from (Source* constants).
 	Source string
+	// RequestID is Envoy's request ID (x-request-id), if known: a request
+	// reported by both ext_proc and the access-log service is counted once.
+	RequestID string
 }
 
 func (o *Observation) outcome() Outcome {

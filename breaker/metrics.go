@@ -14,6 +14,7 @@ type metrics struct {
 	observations *prometheus.CounterVec   // source
 	dropped      *prometheus.CounterVec   // rule
 	reclaimed    *prometheus.CounterVec   // rule
+	duplicates   prometheus.Counter
 	bySource     map[string]prometheus.Counter
 }
 
@@ -64,6 +65,10 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 			Name: "leapgate_breaker_dropped_observations_total",
 			Help: "Observations of a new distinct value dropped because the rule has max breakers, all of them open or half-open.",
 		}, []string{"rule"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_breaker_duplicate_observations_total",
+			Help: "Observations dropped because the other Envoy feed (ext_proc or the access-log service) already reported the same request (x-request-id).",
+		}),
 		reclaimed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leapgate_breaker_reclaimed_total",
 			Help: "Closed per-value breakers forgotten, the least recently observed first, to make room for a new value at the rule's max breakers.",
@@ -74,7 +79,7 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 		m.bySource[src] = m.observations.WithLabelValues(src)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped, m.reclaimed} {
+		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped, m.reclaimed, m.duplicates} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering breaker metrics: %w", err)
 			}

@@ -52,8 +52,9 @@ type Registry struct {
 	maxPer   int
 	maxGauge int
 
-	swap  sync.Mutex // serialises SetRules
-	table atomic.Pointer[table]
+	swap   sync.Mutex // serialises SetRules
+	table  atomic.Pointer[table]
+	dedupe *dedupe // pairs the two Envoy feeds' reports of one request
 }
 
 type table struct {
@@ -94,6 +95,7 @@ func NewRegistry(opts Options) (*Registry, error) {
 		mapping:  opts.Mapping.withDefaults(),
 		maxPer:   opts.MaxBreakersPerRule,
 		maxGauge: opts.MaxStateSeriesPerRule,
+		dedupe:   newDedupe(),
 	}
 	if r.clock == nil {
 		r.clock = window.NewMonotonicClock()
@@ -414,6 +416,10 @@ func (r *Registry) ObserveTargets(targets []Target, obs Observation) {
 // ObserveTargetsAt is ObserveTargets at the given time.
 func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.Duration) {
 	r.metrics.observed(obs.Source)
+	if r.dedupe.duplicate(obs.RequestID, obs.Source) {
+		r.metrics.duplicates.Inc()
+		return
+	}
 	o := obs.outcome()
 	for _, t := range targets {
 		if !o.Aborted && !o.InFlight {

@@ -93,10 +93,11 @@ func accessLogObservation(e *accesslogdatav3.HTTPAccessLogEntry) (obs breaker.Ob
 		return obs, false
 	}
 	obs = breaker.Observation{
-		Route:   c.GetRouteName(),
-		Cluster: c.GetUpstreamCluster(),
-		Status:  int(e.GetResponse().GetResponseCode().GetValue()),
-		Source:  breaker.SourceALS,
+		Route:     c.GetRouteName(),
+		Cluster:   c.GetUpstreamCluster(),
+		Status:    int(e.GetResponse().GetResponseCode().GetValue()),
+		Source:    breaker.SourceALS,
+		RequestID: e.GetRequest().GetRequestId(),
 	}
 	if ttfb := c.GetTimeToFirstUpstreamRxByte(); ttfb != nil {
 		obs.ResponseTime = ttfb.AsDuration()

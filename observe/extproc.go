@@ -34,6 +34,11 @@ const (
 	AttrResponseCode = "response.code"
 )
 
+// RequestIDHeader is Envoy's request ID header: with it, a request that
+// both ext_proc and the access-log service report counts once (see
+// breaker.Observation.RequestID).
+const RequestIDHeader = "x-request-id"
+
 // CircuitOpenDetails is the response code details of the ImmediateResponse
 // sent when a breaker refuses a request in blocking mode.
 const CircuitOpenDetails = "circuit_breaker_open"
@@ -220,6 +225,12 @@ func (x *exchange) start(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHead
 	attrs := msg.GetAttributes()[ExtProcFilterName]
 	x.obs.Route = stringAttr(attrs, AttrRouteName)
 	x.obs.Cluster = stringAttr(attrs, AttrClusterName)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() == RequestIDHeader {
+			x.obs.RequestID = headerValue(hv)
+			break
+		}
+	}
 	if len(x.p.headers) > 0 {
 		for _, name := range x.p.headers { // the first value of each configured header
 			for _, hv := range h.GetHeaders().GetHeaders() {
