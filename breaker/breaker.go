@@ -81,7 +81,10 @@ type Breaker struct {
 	cfg   Config
 	state atomic.Int32 // State
 	until atomic.Int64 // while Open: the time it half-opens
-	seen  atomic.Int64 // the time of the latest observation (for reclaiming idle breakers)
+	// openFor is how long the breaker stayed open the last time it opened
+	// (the backoff doubles it on each reopening from half-open); b.mu held.
+	openFor time.Duration
+	seen    atomic.Int64 // the time of the latest observation (for reclaiming idle breakers)
 
 	onChange func(Transition) // called with mu held, once per transition
 
@@ -143,8 +146,9 @@ func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration)
 	// Every slot is taken and at least one probe is outstanding (all
 	// reported would have closed or reopened the breaker). Unless the
 	// probes report success first, the oldest one times out, the breaker
-	// reopens then for OpenDuration, and only after that can a retry pass.
-	return false, max(b.probes[0]+b.cfg.ProbeTimeout+b.cfg.OpenDuration-now, time.Nanosecond)
+	// reopens then (for the backed-off period), and only after that can a
+	// retry pass.
+	return false, max(b.probes[0]+b.cfg.ProbeTimeout+b.reopenFor()-now, time.Nanosecond)
 }
 
 // ObserveAt records the outcome of one request observed at now and moves
@@ -221,11 +225,28 @@ func (b *Breaker) advance(now time.Duration) {
 	}
 }
 
-// open moves the breaker to Open for a fresh OpenDuration; b.mu is held.
+// open moves the breaker to Open: for OpenDuration from closed, for the
+// backed-off reopenFor from half-open; b.mu is held.
 func (b *Breaker) open(now time.Duration, from State, reason string, failed, total uint64) {
-	b.until.Store(int64(now + b.cfg.OpenDuration))
+	if from == HalfOpen {
+		b.openFor = b.reopenFor()
+	} else {
+		b.openFor = b.cfg.OpenDuration
+	}
+	b.until.Store(int64(now + b.openFor))
 	b.probes = b.probes[:0]
 	b.set(now, from, Open, reason, failed, total)
+}
+
+// reopenFor is how long the breaker stays open if it reopens from
+// half-open now: twice the last open period, within [OpenDuration,
+// MaxOpenDuration]. b.mu is held.
+func (b *Breaker) reopenFor() time.Duration {
+	longest := max(b.cfg.MaxOpenDuration, b.cfg.OpenDuration)
+	if b.openFor >= longest/2 {
+		return longest
+	}
+	return max(2*b.openFor, b.cfg.OpenDuration)
 }
 
 func (b *Breaker) set(now time.Duration, from, to State, reason string, failed, total uint64) {

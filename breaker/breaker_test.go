@@ -400,3 +400,50 @@ func TestErrorCountIgnoresSuccessesInWindow(t *testing.T) {
 		t.Fatal("two errors in the window did not open")
 	}
 }
+
+// With max_open_duration, each reopening from half-open doubles the open
+// period up to the maximum, probe timeouts included; closing resets it.
+func TestOpenDurationBackoff(t *testing.T) {
+	cfg := mustConfig(t, "strategy: error_count, threshold: 1, open_duration: 1s, max_open_duration: 5s, probe_timeout: 1s")
+	var rec recorder
+	b := New(cfg, rec.hook)
+	fail, ok := Outcome{Status: 503}, Outcome{Status: 200}
+	b.ObserveAt(0, fail)
+	now := time.Duration(0)
+	// Each step: the breaker half-opens when the last open period ends,
+	// the probe fails (or times out), and the next period is longer.
+	for i, want := range []time.Duration{1 * s, 2 * s, 4 * s, 5 * s, 5 * s} {
+		if st := b.StatsAt(now); st.State != Open || st.RetryAfter != want {
+			t.Fatalf("opening %d: %+v, want open for %v", i, st, want)
+		}
+		now += want
+		if allowed, _ := b.AllowAt(now); !allowed {
+			t.Fatalf("opening %d: no probe admitted at %v", i, now)
+		}
+		if i == 2 {
+			// Slot taken: the hint covers the timeout and the next,
+			// longer period (4s doubled, capped at 5s).
+			if allowed, wait := b.AllowAt(now); allowed || wait != 1*s+5*s {
+				t.Fatalf("hint while half-open = %v, %v; want 6s", allowed, wait)
+			}
+		}
+		if i%2 == 0 {
+			b.ObserveAt(now, fail)
+		} else {
+			now += 1 * s // the probe times out
+			b.AdvanceAt(now)
+		}
+	}
+	// A probe that succeeds closes the breaker; the next opening from
+	// closed starts again at open_duration.
+	now += 5 * s
+	b.AllowAt(now)
+	b.ObserveAt(now, ok)
+	if b.State() != Closed {
+		t.Fatalf("state after a good probe: %v", b.State())
+	}
+	b.ObserveAt(now, fail)
+	if st := b.StatsAt(now); st.State != Open || st.RetryAfter != 1*s {
+		t.Fatalf("after closing and reopening: %+v, want open for 1s", st)
+	}
+}

@@ -19,7 +19,7 @@ type Config struct {
 func (c Config) Equal(o Config) bool {
 	return c.Strategy == o.Strategy && c.Threshold == o.Threshold &&
 		c.MaxResponseTime == o.MaxResponseTime && slices.Equal(c.ErrorStatuses, o.ErrorStatuses) &&
-		c.MinRequests == o.MinRequests && c.Spec == o.Spec && c.OpenDuration == o.OpenDuration &&
+		c.MinRequests == o.MinRequests && c.Spec == o.Spec && c.OpenDuration == o.OpenDuration && c.MaxOpenDuration == o.MaxOpenDuration &&
 		c.HalfOpenProbes == o.HalfOpenProbes && c.ProbeTimeout == o.ProbeTimeout
 }
 

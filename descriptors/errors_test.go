@@ -43,6 +43,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"breaker_bad_status.yaml", 7, "config error, error_statuses must hold HTTP statuses (100-599), got 1000"},
 		{"breaker_count_fraction.yaml", 6, "circuit_breaker: threshold of strategy error_count must be a whole number of at least 1, got 2.5"},
 		{"breaker_count_below_one.yaml", 6, "circuit_breaker: threshold of strategy error_count must be a whole number of at least 1, got 0.5"},
+		{"breaker_max_open_below_open.yaml", 8, "circuit_breaker: max_open_duration 5s is shorter than open_duration 10s"},
 		{"breaker_max_on_error_ratio.yaml", 7, "circuit_breaker: max_response_time applies only to strategy slow_request_ratio"},
 		{"breaker_missing_strategy.yaml", 5, "circuit_breaker: strategy is required (slow_request_ratio, error_ratio or error_count)"},
 		{"breaker_missing_threshold.yaml", 5, "circuit_breaker: threshold is required"},

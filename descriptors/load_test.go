@@ -121,7 +121,7 @@ func TestParseExtensions(t *testing.T) {
 	}
 	wantSlow := &Breaker{
 		Strategy: SlowRequestRatio, Threshold: 0.5, MaxResponseTime: 250 * time.Millisecond,
-		MinRequests: 20, Spec: spec(30*time.Second, 15), OpenDuration: 10 * time.Second,
+		MinRequests: 20, Spec: spec(30*time.Second, 15), OpenDuration: 10 * time.Second, MaxOpenDuration: 10 * time.Second,
 		HalfOpenProbes: 3, ProbeTimeout: 2 * time.Second,
 	}
 	if got := s.Rule("ext.upstream").Breaker; !reflect.DeepEqual(got, wantSlow) {
@@ -130,7 +130,7 @@ func TestParseExtensions(t *testing.T) {
 	wantDefaults := &Breaker{
 		Strategy: ErrorRatio, Threshold: 1, ErrorStatuses: []int{500, 503},
 		Spec: spec(DefaultBreakerWindow, DefaultBreakerBuckets), OpenDuration: DefaultBreakerOpenDuration,
-		HalfOpenProbes: 1, ProbeTimeout: 5 * time.Second,
+		MaxOpenDuration: DefaultBreakerOpenDuration, HalfOpenProbes: 1, ProbeTimeout: 5 * time.Second,
 	}
 	if got := s.Rule("ext.flaky").Breaker; !reflect.DeepEqual(got, wantDefaults) {
 		t.Errorf("flaky breaker = %+v, want %+v", got, wantDefaults)

@@ -111,8 +111,14 @@ type Breaker struct {
 	MinRequests uint64
 	// Spec is the statistics window and its bucket count.
 	Spec window.Spec
-	// OpenDuration is how long the breaker stays open before half-opening.
+	// OpenDuration is how long the breaker stays open before half-opening
+	// after it opens from closed.
 	OpenDuration time.Duration
+	// MaxOpenDuration bounds the backoff: each time the breaker reopens
+	// from half-open (a probe failed or timed out) it stays open twice as
+	// long as the time before, up to MaxOpenDuration; closing resets it
+	// to OpenDuration. Equal to OpenDuration (the default): no backoff.
+	MaxOpenDuration time.Duration
 	// HalfOpenProbes is the most requests admitted while half-open; all must
 	// succeed to close the breaker.
 	HalfOpenProbes uint32

@@ -28,7 +28,7 @@ var (
 		"unit_multiplier", "window", "buckets", "algorithm"}
 	replacesFields = []string{"name"}
 	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",
-		"window", "buckets", "open_duration", "half_open_probes", "probe_timeout"}
+		"window", "buckets", "open_duration", "max_open_duration", "half_open_probes", "probe_timeout"}
 )
 
 // reader turns one YAML rule file into a rawFile, collecting errors.
@@ -316,6 +316,8 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 			buckets = int(u)
 		case "open_duration":
 			b.OpenDuration, ok = r.duration(name, val)
+		case "max_open_duration":
+			b.MaxOpenDuration, ok = r.duration(name, val)
 		case "half_open_probes":
 			var u uint64
 			u, ok = r.unsigned(name, val, math.MaxUint32)
@@ -377,6 +379,13 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 	if _, set := lines["half_open_probes"]; set && b.HalfOpenProbes < 1 {
 		r.errorf(line("half_open_probes"), "circuit_breaker: half_open_probes must be at least 1")
 		valid = false
+	}
+	if _, set := lines["max_open_duration"]; set && b.MaxOpenDuration < b.OpenDuration {
+		r.errorf(line("max_open_duration"), "circuit_breaker: max_open_duration %v is shorter than open_duration %v", b.MaxOpenDuration, b.OpenDuration)
+		valid = false
+	}
+	if b.MaxOpenDuration < b.OpenDuration {
+		b.MaxOpenDuration = b.OpenDuration // no backoff
 	}
 	if !probeTimeoutSet {
 		b.ProbeTimeout = b.OpenDuration
