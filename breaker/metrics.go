@@ -15,6 +15,7 @@ type metrics struct {
 	dropped      *prometheus.CounterVec   // rule
 	reclaimed    *prometheus.CounterVec   // rule
 	duplicates   prometheus.Counter
+	override     *prometheus.GaugeVec // rule, resource, mode
 	bySource     map[string]prometheus.Counter
 }
 
@@ -65,6 +66,10 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 			Name: "leapgate_breaker_dropped_observations_total",
 			Help: "Observations of a new distinct value dropped because the rule has max breakers, all of them open or half-open.",
 		}, []string{"rule"}),
+		override: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "leapgate_breaker_override",
+			Help: "1 for each manual override set on the debug listener (mode: force_open, force_closed, disabled); resource is empty for a whole rule.",
+		}, []string{"rule", "resource", "mode"}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leapgate_breaker_duplicate_observations_total",
 			Help: "Observations dropped because the other Envoy feed (ext_proc or the access-log service) already reported the same request (x-request-id).",
@@ -79,7 +84,7 @@ func newMetrics(reg *prometheus.Registry, advance func()) (*metrics, error) {
 		m.bySource[src] = m.observations.WithLabelValues(src)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped, m.reclaimed, m.duplicates} {
+		for _, c := range []prometheus.Collector{freshGauge{m.state, advance}, m.transitions, m.responseTime, m.observations, m.dropped, m.reclaimed, m.duplicates, m.override} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering breaker metrics: %w", err)
 			}

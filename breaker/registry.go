@@ -52,9 +52,10 @@ type Registry struct {
 	maxPer   int
 	maxGauge int
 
-	swap   sync.Mutex // serialises SetRules
-	table  atomic.Pointer[table]
-	dedupe *dedupe // pairs the two Envoy feeds' reports of one request
+	swap      sync.Mutex // serialises SetRules
+	table     atomic.Pointer[table]
+	dedupe    *dedupe    // pairs the two Envoy feeds' reports of one request
+	overrides *overrides // operators' manual control, by rule ID
 }
 
 type table struct {
@@ -113,6 +114,7 @@ func NewRegistry(opts Options) (*Registry, error) {
 	if r.metrics, err = newMetrics(opts.Metrics, func() { r.AdvanceAt(r.clock.Now()) }); err != nil {
 		return nil, err
 	}
+	r.overrides = newOverrides(r.metrics.override)
 	r.table.Store(&table{})
 	return r, nil
 }
@@ -319,7 +321,12 @@ func (rb *ruleBreakers) reclaim(b *Breaker) {
 // lookup and an atomic load; the clock is read only when the breaker is
 // not closed.
 func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, retryAfter time.Duration) {
-	b := r.breakerOf(rule, entries)
+	rb, b := r.breakerOf(rule, entries)
+	if rb != nil && r.overrides.any.Load() {
+		if ok, wait, decided := r.overridden(rb, b, entries); decided {
+			return ok, wait
+		}
+	}
 	if b == nil || State(b.state.Load()) == Closed {
 		return true, 0
 	}
@@ -328,25 +335,31 @@ func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (o
 
 // AllowAt is Allow at the given time.
 func (r *Registry) AllowAt(rule *descriptors.Rule, entries []descriptors.Entry, now time.Duration) (ok bool, retryAfter time.Duration) {
-	b := r.breakerOf(rule, entries)
+	rb, b := r.breakerOf(rule, entries)
+	if rb != nil {
+		if ok, wait, decided := r.overridden(rb, b, entries); decided {
+			return ok, wait
+		}
+	}
 	if b == nil {
 		return true, 0
 	}
 	return b.AllowAt(now)
 }
 
-// breakerOf returns the breaker of rule for entries, or nil.
-func (r *Registry) breakerOf(rule *descriptors.Rule, entries []descriptors.Entry) *Breaker {
+// breakerOf returns the breakers of rule and its breaker for entries (nil
+// when none was created for them), or nil, nil.
+func (r *Registry) breakerOf(rule *descriptors.Rule, entries []descriptors.Entry) (*ruleBreakers, *Breaker) {
 	t := r.table.Load()
 	rb := t.byRule[rule]
 	if rb == nil {
 		// A rule of a set not yet passed to SetRules, or of the previous
 		// one (a request in flight across a reload): same ID, same breakers.
 		if rb = t.byID[rule.ID]; rb == nil {
-			return nil
+			return nil, nil
 		}
 	}
-	return rb.lookup(entries)
+	return rb, rb.lookup(entries)
 }
 
 // Target is one breaker an observation feeds.
@@ -425,6 +438,9 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 		if !o.Aborted && !o.InFlight {
 			t.rb.hist.Observe(o.ResponseTime.Seconds())
 		}
+		if r.overrides.of(t.rb.id, func() string { return t.rb.resourceOf(t.b, nil) }) == ForceClosed {
+			continue // pinned: observations change nothing
+		}
 		t.b.ObserveAt(now, o)
 	}
 }
@@ -436,6 +452,9 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 // another half-open one refuses keeps the slot taken until the probe times
 // out (ProbeTimeout) and reopens it.
 func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Duration) {
+	if r.overrides.any.Load() {
+		return r.AllowTargetsAt(targets, r.clock.Now())
+	}
 	for _, t := range targets {
 		if State(t.b.state.Load()) != Closed {
 			return r.AllowTargetsAt(targets, r.clock.Now())
@@ -446,6 +465,24 @@ func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Dura
 
 // AllowTargetsAt is AllowTargets at the given time.
 func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool, retryAfter time.Duration) {
+	if r.overrides.any.Load() {
+		// Overrides first: a forced-open breaker refuses; forced-closed
+		// and disabled ones are left out of the decision.
+		kept := make([]Target, 0, len(targets))
+		for _, t := range targets {
+			allowed, wait, decided := r.overridden(t.rb, t.b, nil)
+			switch {
+			case !decided:
+				kept = append(kept, t)
+			case !allowed:
+				ok, retryAfter = false, max(retryAfter, wait)
+			}
+		}
+		if retryAfter > 0 {
+			return false, retryAfter
+		}
+		targets = kept
+	}
 	for _, t := range targets { // an open breaker refuses without taking probes of the others
 		if State(t.b.state.Load()) == Open {
 			if until := time.Duration(t.b.until.Load()); now < until {

@@ -530,3 +530,81 @@ descriptors:
 		t.Error("a 503 on svc-a opened svc-b's breaker")
 	}
 }
+
+// Manual overrides: forced open refuses, forced closed admits and ignores
+// observations, disabled admits while observations still count; a resource
+// override beats its rule's; overrides survive a reload and show in
+// Snapshot and metrics; auto removes them.
+func TestOverrides(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{Metrics: reg})
+	const orders, perCluster = "breaker.destination_cluster_orders", "breaker.destination_cluster"
+	failOrders := func() {
+		for range 2 {
+			r.Observe(Observation{Cluster: "orders", Status: 500})
+		}
+	}
+
+	r.SetOverride(orders, "", ForceOpen)
+	if ok, wait := allow(t, r, set, "destination_cluster", "orders"); ok || wait != 5*s {
+		t.Errorf("forced open: %v, %v; want refused with open_duration", ok, wait)
+	}
+	r.SetOverride(orders, "", ForceClosed)
+	failOrders()
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); !ok {
+		t.Error("forced closed refused")
+	}
+	r.SetOverride(orders, "", Auto)
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); !ok {
+		t.Error("observations while forced closed opened the breaker")
+	}
+	r.SetOverride(orders, "", Disabled)
+	failOrders()
+	if ok, _ := allow(t, r, set, "destination_cluster", "orders"); !ok {
+		t.Error("disabled breaker refused")
+	}
+	if st := snapshotOf(t, r, orders, ""); st.State != Open || st.Override != "disabled" {
+		t.Errorf("disabled breaker: %+v, want open underneath and the override shown", st)
+	}
+
+	// Per value: the resource's override beats its rule's.
+	r.SetOverride(perCluster, "", ForceOpen)
+	r.SetOverride(perCluster, "destination_cluster=search", Disabled)
+	if ok, _ := allow(t, r, set, "destination_cluster", "inventory"); ok {
+		t.Error("a value of a forced-open rule was admitted")
+	}
+	if ok, _ := allow(t, r, set, "destination_cluster", "search"); !ok {
+		t.Error("the disabled value was refused")
+	}
+
+	// A reload keeps the overrides.
+	r.SetRules(parseSet(t, rulesYAML))
+	clock.Advance(s)
+	if ok, _ := allow(t, r, set, "destination_cluster", "inventory"); ok {
+		t.Error("the override did not survive a reload")
+	}
+	if got := testutil.ToFloat64(r.metrics.override.WithLabelValues(perCluster, "", "force_open")); got != 1 {
+		t.Errorf("override gauge = %v, want 1", got)
+	}
+	if n := len(r.Overrides()); n != 3 {
+		t.Errorf("%d overrides listed, want 3", n)
+	}
+	for _, o := range r.Overrides() {
+		r.SetOverride(o.Rule, o.Resource, Auto)
+	}
+	if n := testutil.CollectAndCount(r.metrics.override); n != 0 || len(r.Overrides()) != 0 {
+		t.Errorf("after auto: %d series, %v", n, r.Overrides())
+	}
+}
+
+// snapshotOf finds one breaker's Snapshot.
+func snapshotOf(t *testing.T, r *Registry, rule, resource string) Snapshot {
+	t.Helper()
+	for _, sn := range r.Snapshot() {
+		if sn.Rule == rule && sn.Resource == resource {
+			return sn
+		}
+	}
+	t.Fatalf("no breaker %s %q", rule, resource)
+	return Snapshot{}
+}

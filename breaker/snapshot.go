@@ -29,6 +29,8 @@ type Snapshot struct {
 	Ratio float64 `json:"ratio"`
 	// RetryIn is, while open, the time until the breaker half-opens.
 	RetryIn string `json:"retry_in,omitempty"`
+	// Override is the manual override in force (see Override), if any.
+	Override string `json:"override,omitempty"`
 }
 
 // Snapshot lists every breaker with its state and window statistics,
@@ -76,6 +78,9 @@ func (rb *ruleBreakers) snapshot(now time.Duration, resource string, b *Breaker)
 	}
 	if s.State == Open {
 		s.RetryIn = s.RetryAfter.String()
+	}
+	if o := rb.reg.overrides.of(rb.id, func() string { return resource }); o != Auto {
+		s.Override = o.String()
 	}
 	return s
 }

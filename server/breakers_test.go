@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -55,5 +57,50 @@ func TestBreakerWiring(t *testing.T) {
 	waitRules(t, ts, "test.user")
 	if got := call(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("after a reload: %v, want the breaker still open", got)
+	}
+}
+
+// The debug listener's /breakers/override forces a breaker open through the
+// real server, shows in /breakers, survives a reload, and auto lifts it.
+func TestBreakerOverrideOnDebugPort(t *testing.T) {
+	ts := start(t, map[string]string{"breaker.yaml": breakerRules}, nil)
+	client := ts.rls(t)
+	call := func() rlsv3.RateLimitResponse_Code {
+		resp, err := client.ShouldRateLimit(context.Background(), request("breaker", []string{"destination_cluster", "backend"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOverallCode()
+	}
+	const rule = "breaker.destination_cluster_backend"
+	override := func(mode string) (int, string) {
+		resp, err := http.PostForm(ts.debugURL("/breakers/override"), url.Values{"rule": {rule}, "mode": {mode}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := override("force_open"); code != http.StatusOK || !strings.Contains(body, `"force_open"`) {
+		t.Fatalf("POST override = %d %s", code, body)
+	}
+	if got := call(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("forced open: %v, want OVER_LIMIT", got)
+	}
+	if _, body := get(t, ts.debugURL("/breakers")); !strings.Contains(body, `"override": "force_open"`) {
+		t.Errorf("/breakers does not show the override: %s", body)
+	}
+	writeRules(t, ts.ruleDir, "more.yaml", limitRules)
+	waitRules(t, ts, "test.user")
+	if got := call(); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("after a reload: %v, want the override kept", got)
+	}
+	if code, _ := override("sideways"); code != http.StatusBadRequest {
+		t.Errorf("unknown mode = %d, want 400", code)
+	}
+	override("auto")
+	if got := call(); got != rlsv3.RateLimitResponse_OK {
+		t.Errorf("after auto: %v, want OK", got)
 	}
 }
