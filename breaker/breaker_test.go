@@ -1,6 +1,10 @@
 package breaker
 
 import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -445,5 +449,58 @@ func TestOpenDurationBackoff(t *testing.T) {
 	b.ObserveAt(now, fail)
 	if st := b.StatsAt(now); st.State != Open || st.RetryAfter != 1*s {
 		t.Fatalf("after closing and reopening: %+v, want open for 1s", st)
+	}
+}
+
+// latency_percentile trips exactly when the nearest-rank percentile of the
+// window's response times is above max_response_time: checked against a
+// sort of random samples.
+func TestLatencyPercentileIsExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, p := range []float64{0.5, 0.9, 0.99, 0.999, 1} {
+		cfg := mustConfig(t, fmt.Sprintf("strategy: latency_percentile, threshold: %v, max_response_time: 100ms", p))
+		for trial := range 300 {
+			n := 1 + rng.IntN(400)
+			rts := make([]time.Duration, n)
+			slow := uint64(0)
+			for i := range rts {
+				rts[i] = time.Duration(rng.IntN(200)) * ms
+				if trial%3 == 0 { // mostly fast: the tail decides
+					rts[i] = time.Duration(rng.IntN(110)) * ms
+				}
+				if cfg.Failed(Outcome{ResponseTime: rts[i]}) {
+					slow++
+				}
+			}
+			slices.Sort(rts)
+			rank := int(math.Ceil(p*float64(n) - 1e-9)) // 1-based nearest rank
+			want := rts[rank-1] > 100*ms
+			if got := cfg.tripped(slow, uint64(n)); got != want {
+				t.Fatalf("p=%v n=%d slow=%d: tripped %v, percentile %v", p, n, slow, got, rts[rank-1])
+			}
+		}
+	}
+}
+
+// A p99 breaker opens on a shift of the tail alone: the median stays put.
+func TestLatencyPercentileTripsOnTheTail(t *testing.T) {
+	cfg := mustConfig(t, "strategy: latency_percentile, threshold: 0.99, max_response_time: 200ms, min_requests: 100, window: 10s, buckets: 10")
+	var rec recorder
+	b := New(cfg, rec.hook)
+	now := time.Duration(0)
+	observe := func(n int, rt time.Duration) {
+		for range n {
+			now += ms
+			b.ObserveAt(now, Outcome{ResponseTime: rt, Status: 200})
+		}
+	}
+	observe(990, 20*ms) // the median and p99 fast
+	observe(10, 500*ms) // 1% slow: p99 is still 20ms (rank 990)
+	if b.State() != Closed {
+		t.Fatalf("opened with p99 at the bound: %v", rec.last())
+	}
+	observe(1, 500*ms) // 11 of 1001 slow: the 991st is slow
+	if b.State() != Open {
+		t.Fatalf("p99 above 200ms with the median at 20ms did not open: %+v", b.StatsAt(now))
 	}
 }

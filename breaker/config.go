@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -40,14 +41,14 @@ type Outcome struct {
 }
 
 // Failed reports whether the outcome counts against the breaker: for
-// slow_request_ratio a response time above MaxResponseTime (strictly) or an
-// abort; for the error strategies an abort, a declared error or a status in
+// slow_request_ratio and latency_percentile a response time above
+// MaxResponseTime (strictly) or an abort; for the error strategies an abort, a declared error or a status in
 // ErrorStatuses (default: >= 500).
 func (c Config) Failed(o Outcome) bool {
 	if o.Aborted {
 		return true
 	}
-	if c.Strategy == descriptors.SlowRequestRatio {
+	if c.Strategy.Timed() {
 		return o.ResponseTime > c.MaxResponseTime
 	}
 	if o.Error {
@@ -66,8 +67,14 @@ func (c Config) tripped(failed, total uint64) bool {
 	if total == 0 || total < c.MinRequests {
 		return false
 	}
-	if c.Strategy == descriptors.ErrorCount {
+	switch c.Strategy {
+	case descriptors.ErrorCount:
 		return float64(failed) >= c.Threshold
+	case descriptors.LatencyPercentile:
+		// The rank-th smallest response time (nearest rank) is above
+		// MaxResponseTime iff fewer than rank are at most it.
+		rank := uint64(math.Ceil(c.Threshold*float64(total) - 1e-9))
+		return failed > total-min(rank, total)
 	}
 	return float64(failed)/float64(total) >= c.Threshold-1e-9
 }

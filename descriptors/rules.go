@@ -58,7 +58,17 @@ const (
 	// ErrorCount opens when the number of failed requests in the window
 	// reaches Threshold.
 	ErrorCount
+	// LatencyPercentile opens when the Threshold-th percentile (a fraction
+	// in (0,1], e.g. 0.99) of the response times in the window, by nearest
+	// rank, is above MaxResponseTime. It is exact, with no histogram: the
+	// percentile is above MaxResponseTime exactly when more than
+	// total - ceil(Threshold*total) requests are slower than it.
+	LatencyPercentile
 )
+
+// Timed reports whether the strategy judges response times (and so needs
+// MaxResponseTime), rather than errors.
+func (s BreakerStrategy) Timed() bool { return s == SlowRequestRatio || s == LatencyPercentile }
 
 // String returns the strategy's name in rule files.
 func (s BreakerStrategy) String() string {
@@ -69,13 +79,15 @@ func (s BreakerStrategy) String() string {
 		return "error_ratio"
 	case ErrorCount:
 		return "error_count"
+	case LatencyPercentile:
+		return "latency_percentile"
 	}
 	return fmt.Sprintf("BreakerStrategy(%d)", uint8(s))
 }
 
 // parseBreakerStrategy returns the strategy String names.
 func parseBreakerStrategy(name string) (BreakerStrategy, bool) {
-	for s := SlowRequestRatio; s <= ErrorCount; s++ {
+	for s := SlowRequestRatio; s <= LatencyPercentile; s++ {
 		if s.String() == name {
 			return s, true
 		}

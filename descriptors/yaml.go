@@ -333,10 +333,10 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 	b.Strategy, known = parseBreakerStrategy(strategy)
 	switch {
 	case strategy == "":
-		r.errorf(line("strategy"), "circuit_breaker: strategy is required (slow_request_ratio, error_ratio or error_count)")
+		r.errorf(line("strategy"), "circuit_breaker: strategy is required (slow_request_ratio, error_ratio, error_count or latency_percentile)")
 		valid = false
 	case !known:
-		r.errorf(line("strategy"), "circuit_breaker: unknown strategy '%s' (want slow_request_ratio, error_ratio or error_count)", strategy)
+		r.errorf(line("strategy"), "circuit_breaker: unknown strategy '%s' (want slow_request_ratio, error_ratio, error_count or latency_percentile)", strategy)
 		valid = false
 	case b.Strategy == ErrorCount:
 		if thresholdSet && (b.Threshold < 1 || b.Threshold != math.Trunc(b.Threshold)) {
@@ -344,12 +344,16 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 			valid = false
 		}
 	default: // the ratio strategies
-		if b.Strategy == SlowRequestRatio && b.MaxResponseTime <= 0 && valid {
-			r.errorf(line("max_response_time"), "circuit_breaker: max_response_time is required for strategy slow_request_ratio")
+		if b.Strategy.Timed() && b.MaxResponseTime <= 0 && valid {
+			r.errorf(line("max_response_time"), "circuit_breaker: max_response_time is required for strategy %s", b.Strategy)
 			valid = false
 		}
 		if thresholdSet && (b.Threshold <= 0 || b.Threshold > 1) {
-			r.errorf(line("threshold"), "circuit_breaker: threshold of a ratio strategy must be in (0,1], got %g", b.Threshold)
+			what := "a ratio strategy"
+			if b.Strategy == LatencyPercentile {
+				what = "latency_percentile (the percentile as a fraction, e.g. 0.99)"
+			}
+			r.errorf(line("threshold"), "circuit_breaker: threshold of %s must be in (0,1], got %g", what, b.Threshold)
 			valid = false
 		}
 	}
@@ -357,8 +361,8 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 		r.errorf(line("threshold"), "circuit_breaker: threshold is required")
 		valid = false
 	}
-	if b.Strategy != SlowRequestRatio && lines["max_response_time"] > 0 {
-		r.errorf(line("max_response_time"), "circuit_breaker: max_response_time applies only to strategy slow_request_ratio")
+	if !b.Strategy.Timed() && lines["max_response_time"] > 0 {
+		r.errorf(line("max_response_time"), "circuit_breaker: max_response_time applies only to strategies slow_request_ratio and latency_percentile")
 		valid = false
 	}
 	if _, set := lines["buckets"]; set && buckets < 1 {

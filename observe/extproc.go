@@ -254,7 +254,7 @@ func (x *exchange) arm() {
 	next := time.Duration(-1)
 	for i, t := range x.targets {
 		c := t.Breaker().Config()
-		if !x.counted[i] && c.Strategy == descriptors.SlowRequestRatio && (next < 0 || c.MaxResponseTime < next) {
+		if !x.counted[i] && c.Strategy.Timed() && (next < 0 || c.MaxResponseTime < next) {
 			next = c.MaxResponseTime
 		}
 	}
@@ -275,7 +275,7 @@ func (x *exchange) inFlight() {
 	elapsed := x.p.clock.Now() - x.t0
 	for i, t := range x.targets {
 		c := t.Breaker().Config()
-		if !x.counted[i] && c.Strategy == descriptors.SlowRequestRatio && elapsed > c.MaxResponseTime {
+		if !x.counted[i] && c.Strategy.Timed() && elapsed > c.MaxResponseTime {
 			x.counted[i] = true
 			obs := x.obs
 			obs.ResponseTime, obs.InFlight, obs.Source = elapsed, true, breaker.SourceExtProcInFlight

@@ -82,7 +82,7 @@ func (h *Report) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !timed { // no response time: not evidence for or against slowness
 		kept := targets[:0]
 		for _, t := range targets {
-			if t.Breaker().Config().Strategy != descriptors.SlowRequestRatio {
+			if !t.Breaker().Config().Strategy.Timed() {
 				kept = append(kept, t)
 			}
 		}
