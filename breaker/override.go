@@ -1,7 +1,6 @@
 package breaker
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -153,10 +152,7 @@ func (r *Registry) OverrideHandler() http.Handler {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(struct {
+		writeJSON(w, struct {
 			Overrides []OverrideEntry `json:"overrides"`
 		}{Overrides: r.Overrides()})
 	})

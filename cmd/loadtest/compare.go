@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -111,11 +110,8 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if binary == "" {
-		binary = filepath.Join(dir, "ratelimit")
-		if out, err := exec.Command("go", "build", "-o", binary, "./cmd/ratelimit").CombinedOutput(); err != nil {
-			return fmt.Errorf("building ./cmd/ratelimit: %w\n%s", err, out)
-		}
+	if binary, err = buildRatelimit(dir, binary); err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "building %s@%s ...\n", peerModule, peerVersion)
 	peer, err := buildPeer(dir, peerVersion)
@@ -124,27 +120,15 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 	}
 	// envoyproxy/ratelimit reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config;
 	// so does Leapgate.
-	ruleDir := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(ruleDir, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(ruleDir, "bench.yaml"), []byte(comparedRules), 0o644); err != nil {
+	if err := writeRuleFile(filepath.Join(dir, "runtime", "ratelimit", "config"), comparedRules); err != nil {
 		return err
 	}
 
-	redisAddr, err := freeAddr()
+	rs, redisAddr, err := startRedis(ctx)
 	if err != nil {
 		return err
-	}
-	_, redisPort, _ := net.SplitHostPort(redisAddr)
-	rs, err := startProcess(ctx, "redis-server", nil, "--port", redisPort, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err != nil {
-		return fmt.Errorf("starting redis-server (install it with apt-get install redis-server): %w", err)
 	}
 	defer stop(rs)
-	if err := waitTCP(redisAddr, 10*time.Second); err != nil {
-		return err
-	}
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rc.Close()
 
@@ -160,17 +144,11 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 		}
 	}()
 	start := func(name string, redisBacked bool, path string, env []string, args ...string) error {
-		grpcAddr, _ := freeAddr()
+		grpcAddr, httpAddr, listen := listenerEnv()
 		if path == self {
 			args = []string{"-serve-empty", grpcAddr}
 		}
-		httpAddr, _ := freeAddr()
-		debugAddr, _ := freeAddr()
-		reportAddr, _ := freeAddr()
-		env = append(env, hostPort("GRPC", grpcAddr)...)
-		env = append(env, hostPort("", httpAddr)...)
-		env = append(env, hostPort("DEBUG", debugAddr)...)
-		env = append(env, hostPort("REPORT", reportAddr)...)
+		env = append(env, listen...)
 		p, err := startProcess(ctx, path, env, args...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)

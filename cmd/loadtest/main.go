@@ -152,19 +152,10 @@ func run(cfg config, binary, backends string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if binary == "" {
-		binary = filepath.Join(dir, "ratelimit")
-		build := exec.Command("go", "build", "-o", binary, "./cmd/ratelimit")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("building ./cmd/ratelimit: %w", err)
-		}
-	}
-	ruleDir := filepath.Join(dir, "runtime", "config")
-	if err := os.MkdirAll(ruleDir, 0o755); err != nil {
+	if binary, err = buildRatelimit(dir, binary); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(ruleDir, "bench.yaml"), []byte(rules), 0o644); err != nil {
+	if err := writeRuleFile(filepath.Join(dir, "runtime", "config"), rules); err != nil {
 		return err
 	}
 
@@ -203,29 +194,15 @@ func run(cfg config, binary, backends string) error {
 		}
 		var redis *exec.Cmd
 		if backend == "redis" {
-			addr, err := freeAddr()
-			if err != nil {
-				return err
-			}
-			_, port, _ := net.SplitHostPort(addr)
-			redis, err = startProcess(ctx, "redis-server", nil, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-			if err != nil {
-				return fmt.Errorf("starting redis-server (install it with apt-get install redis-server): %w", err)
-			}
-			if err := waitTCP(addr, 10*time.Second); err != nil {
-				stop(redis)
+			var addr string
+			var err error
+			if redis, addr, err = startRedis(ctx); err != nil {
 				return err
 			}
 			env = append(env, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+addr, "REDIS_TYPE=single")
 		}
-		grpcAddr, _ := freeAddr()
-		httpAddr, _ := freeAddr()
-		debugAddr, _ := freeAddr()
-		reportAddr, _ := freeAddr()
-		env = append(env, hostPort("GRPC", grpcAddr)...)
-		env = append(env, hostPort("", httpAddr)...)
-		env = append(env, hostPort("DEBUG", debugAddr)...)
-		env = append(env, hostPort("REPORT", reportAddr)...)
+		grpcAddr, _, listen := listenerEnv()
+		env = append(env, listen...)
 		svc, err := startProcess(ctx, binary, env)
 		if err != nil {
 			stop(redis)

@@ -110,3 +110,57 @@ func waitServing(ctx context.Context, addr string, timeout time.Duration) error 
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// buildRatelimit returns binary, or when it is empty builds ./cmd/ratelimit
+// into dir and returns that.
+func buildRatelimit(dir, binary string) (string, error) {
+	if binary != "" {
+		return binary, nil
+	}
+	binary = filepath.Join(dir, "ratelimit")
+	if out, err := exec.Command("go", "build", "-o", binary, "./cmd/ratelimit").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building ./cmd/ratelimit: %w\n%s", err, out)
+	}
+	return binary, nil
+}
+
+// writeRuleFile writes rules as bench.yaml into ruleDir, creating it.
+func writeRuleFile(ruleDir, rules string) error {
+	if err := os.MkdirAll(ruleDir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(ruleDir, "bench.yaml"), []byte(rules), 0o644)
+}
+
+// startRedis starts a throw-away redis-server on a free loopback port and
+// waits until it accepts connections.
+func startRedis(ctx context.Context) (*exec.Cmd, string, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	cmd, err := startProcess(ctx, "redis-server", nil, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err != nil {
+		return nil, "", fmt.Errorf("starting redis-server (install it with apt-get install redis-server): %w", err)
+	}
+	if err := waitTCP(addr, 10*time.Second); err != nil {
+		stop(cmd)
+		return nil, "", err
+	}
+	return cmd, addr, nil
+}
+
+// listenerEnv picks free loopback ports for a service's four listeners and
+// returns its gRPC and HTTP addresses and the settings that bind them.
+func listenerEnv() (grpcAddr, httpAddr string, env []string) {
+	grpcAddr, _ = freeAddr()
+	httpAddr, _ = freeAddr()
+	debugAddr, _ := freeAddr()
+	reportAddr, _ := freeAddr()
+	env = append(env, hostPort("GRPC", grpcAddr)...)
+	env = append(env, hostPort("", httpAddr)...)
+	env = append(env, hostPort("DEBUG", debugAddr)...)
+	env = append(env, hostPort("REPORT", reportAddr)...)
+	return grpcAddr, httpAddr, env
+}
