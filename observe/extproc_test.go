@@ -57,12 +57,21 @@ descriptors:
       strategy: error_count
       threshold: 1
       open_duration: 5s
+  - key: destination_cluster
+    value: tail
+    circuit_breaker:
+      strategy: latency_percentile
+      threshold: 0.9
+      max_response_time: 100ms
+      min_requests: 10
+      open_duration: 5s
 `
 
 const (
 	slowRule   = "breaker.route_checkout.destination_cluster_backend"
 	ordersRule = "breaker.destination_cluster_orders"
 	userRule   = "breaker.user"
+	tailRule   = "breaker.destination_cluster_tail"
 )
 
 // The breaker registry is the service's Breakers.
