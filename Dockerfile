@@ -10,13 +10,16 @@
 # HEALTHCHECK runs the tiny cmd/healthprobe binary shipped in the image.
 
 FROM golang:1.26-bookworm AS build
+# The release the binary reports (ratelimit --version, leapgate_build_info):
+#   docker build --build-arg VERSION=v1.2.3 .
+ARG VERSION=dev
 WORKDIR /src
 ENV CGO_ENABLED=0 GOOS=linux GOFLAGS=-trimpath
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -ldflags="-s -w" -o /out/ratelimit ./cmd/ratelimit && \
+    go build -ldflags="-s -w -X github.com/leapgate/leapgate/server.linkedVersion=${VERSION}" -o /out/ratelimit ./cmd/ratelimit && \
     go build -ldflags="-s -w" -o /out/healthprobe ./cmd/healthprobe && \
     go build -ldflags="-s -w" -o /out/demo-upstream ./cmd/demo-upstream
 
@@ -32,7 +35,15 @@ ENTRYPOINT ["/usr/local/bin/demo-upstream"]
 
 # The Leapgate service.
 FROM gcr.io/distroless/static-debian12:nonroot AS ratelimit
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="leapgate" \
+      org.opencontainers.image.description="Envoy rate-limit service with sliding windows and circuit breakers" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="https://github.com/leapgate/leapgate"
 COPY --from=build /out/ratelimit /out/healthprobe /usr/local/bin/
+# envoyproxy/ratelimit's image has its binary at /bin/ratelimit, and so
+# do the manifests (and Envoy Gateway) written for it.
+COPY --from=build /out/ratelimit /bin/ratelimit
 # Rules are read from $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY:
 # mount them at /data/ratelimit/config.
 ENV RUNTIME_ROOT=/data RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_APPDIRECTORY=config

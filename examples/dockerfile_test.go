@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -292,6 +293,24 @@ func TestDockerfile(t *testing.T) {
 	}
 	if stages[""] != stages["ratelimit"] {
 		t.Error("the default (last) stage must be the ratelimit service")
+	}
+	// Drop-in: the binary also where envoyproxy/ratelimit's image has it;
+	// the version reaches the binary and the image's labels.
+	svc := stages["ratelimit"]
+	if !slices.Contains(svc.copiedFromBuild(), "/bin/ratelimit") {
+		t.Errorf("the service image has no /bin/ratelimit (copies %v)", svc.copiedFromBuild())
+	}
+	if !strings.Contains(runs, "server.linkedVersion=${VERSION}") {
+		t.Error("the build does not link VERSION into the binary (server.linkedVersion)")
+	}
+	var labels string
+	for _, in := range svc.all("LABEL") {
+		labels += " " + in.Args
+	}
+	for _, l := range []string{"org.opencontainers.image.version=\"${VERSION}\"", "org.opencontainers.image.source=", "org.opencontainers.image.title="} {
+		if !strings.Contains(labels, l) {
+			t.Errorf("the service image has no label %s (labels: %s)", l, labels)
+		}
 	}
 }
 

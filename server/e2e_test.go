@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/server"
 )
 
 func TestShouldRateLimitOverGRPC(t *testing.T) {
@@ -273,5 +275,17 @@ func TestAnswerSettings(t *testing.T) {
 	}
 	if resp.GetDynamicMetadata() == nil {
 		t.Error("RESPONSE_DYNAMIC_METADATA=true: no dynamic metadata")
+	}
+}
+
+func TestBuildInfoMetric(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
+	b := server.Build()
+	want := `leapgate_build_info{commit="` + b.Commit + `",goversion="` + b.GoVersion + `",version="` + b.Version + `"}`
+	if got := metricValue(t, ts, want); got != "1" {
+		t.Errorf("%s = %q, want 1", want, got)
+	}
+	if b.GoVersion != runtime.Version() || b.Version == "" || b.Commit == "" {
+		t.Errorf("Build() = %+v", b)
 	}
 }

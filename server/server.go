@@ -96,6 +96,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	s.metrics = newServerMetrics(s.registry)
+	registerBuildInfo(s.registry, Build())
 	s.streams = newStreamGuard(settings.MaxObservationStreams, settings.ObservationStreamIdleTimeout, s.registry)
 
 	b, err := newBackend(settings, s.registry, logger)
@@ -282,7 +283,8 @@ func (s *Server) Registry() *prometheus.Registry { return s.registry }
 // after a shutdown asked for by ctx, or the error of a listener that
 // failed. Run may be called once.
 func (s *Server) Run(ctx context.Context) error {
-	s.logger.Info("serving",
+	build := Build()
+	s.logger.Info("serving", "version", build.Version, "commit", build.Commit, "go", build.GoVersion,
 		"grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(), "debug", s.DebugAddr().String(),
 		"report", s.ReportAddr().String(), "report_token", s.settings.ReportToken != "",
 		"tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())

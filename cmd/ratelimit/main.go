@@ -2,6 +2,7 @@
 //
 //	ratelimit                    serve (settings from the environment)
 //	ratelimit check-config DIR   validate a rule directory and exit
+//	ratelimit --version          print the version and exit
 package main
 
 import (
@@ -27,6 +28,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "check-config":
 			return checkConfig(args[1:], stdout, stderr)
+		case "-version", "--version", "version":
+			fmt.Fprintln(stdout, server.Build())
+			return 0
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(stdout, usage)
 			return 0
@@ -61,8 +65,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 const usage = `usage:
-  ratelimit                    serve; settings come from environment variables (see README)
+  ratelimit                    serve; settings come from environment variables
+                               (every one, with its default: docs/settings.md)
   ratelimit check-config DIR   validate the rule files in DIR; exit status 1 on any error
+  ratelimit --version          print the version, commit and Go version
+  ratelimit --help             print this
 `
 
 func checkConfig(args []string, stdout, stderr io.Writer) int {

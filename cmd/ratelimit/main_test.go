@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -255,6 +256,9 @@ func TestRunArguments(t *testing.T) {
 		out  string
 	}{
 		{[]string{"help"}, nil, 0, "check-config DIR"},
+		{[]string{"--help"}, nil, 0, "docs/settings.md"},
+		{[]string{"--version"}, nil, 0, "leapgate "},
+		{[]string{"-version"}, nil, 0, runtime.Version()},
 		{[]string{"serve-please"}, nil, 2, `unknown command "serve-please"`},
 		{[]string{"check-config"}, nil, 2, "usage"},
 		{nil, []string{"LOG_FORMAT=xml"}, 1, "LOG_FORMAT"},
@@ -272,5 +276,28 @@ func TestRunArguments(t *testing.T) {
 			name, _, _ := strings.Cut(kv, "=")
 			os.Unsetenv(name)
 		}
+	}
+}
+
+// The real binary names its version and commit: the version set at link
+// time (as the Dockerfile does), the commit stamped by go build from git.
+func TestBinaryVersion(t *testing.T) {
+	rev, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "ratelimit")
+	build := exec.Command("go", "build", "-buildvcs=true", "-ldflags", "-X github.com/leapgate/leapgate/server.linkedVersion=v9.9.9-test", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--version: %v\n%s", err, out)
+	}
+	line := strings.TrimSpace(string(out))
+	want := "leapgate v9.9.9-test (commit " + strings.TrimSpace(string(rev))
+	if !strings.HasPrefix(line, want) || !strings.HasSuffix(line, runtime.Version()+")") {
+		t.Errorf("--version = %q, want %q..., %s)", line, want, runtime.Version())
 	}
 }
