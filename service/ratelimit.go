@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 
@@ -193,6 +194,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.metrics.globalShadow.Inc()
 	}
 	s.addHeaders(sc, resp, refused, reason)
+	if refused && s.log.Enabled(ctx, slog.LevelDebug) {
+		s.decisions.refused(ctx, s.log, domain, sc, reason)
+	}
 	if s.metadata {
 		resp.DynamicMetadata = dynamicMetadata(req, sc.plans)
 	}

@@ -119,6 +119,7 @@ type Service struct {
 	backendWarn throttledLog
 	domainWarn  throttledLog
 	inputWarn   throttledLog
+	decisions   decisionLog // refused descriptors, at debug level
 	// maxDescriptors bounds the descriptors of one request.
 	maxDescriptors int
 	shadow         bool
