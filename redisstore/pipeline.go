@@ -11,9 +11,7 @@ import (
 
 // pipelineWorkers is how many pipelines may be in flight at once (each on
 // its own pooled connection): one waits for Redis while the next fills, and
-// Redis runs them one after another anyway. Measured on two cores, 50
-// concurrent callers: 2 workers send batches of about 16 calls and beat 1,
-// 4 and 10 (docs/redis.md).
+// Redis runs them one after another anyway (see docs/redis.md).
 const pipelineWorkers = 2
 
 // maxBatchCalls bounds the calls one round trip carries, so that one

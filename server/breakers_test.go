@@ -26,18 +26,25 @@ descriptors:
       probe_timeout: 1h
 `
 
-// TestBreakerWiring checks the server feeds /report observations to the
-// breaker registry that ShouldRateLimit consults, and lists it on /breakers.
-func TestBreakerWiring(t *testing.T) {
-	ts := start(t, map[string]string{"breaker.yaml": breakerRules}, nil)
+// backendCall returns a function asking the server about the descriptor
+// destination_cluster=backend of domain breaker, answering the overall code.
+func backendCall(t *testing.T, ts *testServer) func() rlsv3.RateLimitResponse_Code {
 	client := ts.rls(t)
-	call := func() rlsv3.RateLimitResponse_Code {
+	return func() rlsv3.RateLimitResponse_Code {
+		t.Helper()
 		resp, err := client.ShouldRateLimit(context.Background(), request("breaker", []string{"destination_cluster", "backend"}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return resp.GetOverallCode()
 	}
+}
+
+// TestBreakerWiring checks the server feeds /report observations to the
+// breaker registry that ShouldRateLimit consults, and lists it on /breakers.
+func TestBreakerWiring(t *testing.T) {
+	ts := start(t, map[string]string{"breaker.yaml": breakerRules}, nil)
+	call := backendCall(t, ts)
 	if got := call(); got != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("closed breaker: %v", got)
 	}
@@ -64,14 +71,7 @@ func TestBreakerWiring(t *testing.T) {
 // real server, shows in /breakers, survives a reload, and auto lifts it.
 func TestBreakerOverrideOnDebugPort(t *testing.T) {
 	ts := start(t, map[string]string{"breaker.yaml": breakerRules}, nil)
-	client := ts.rls(t)
-	call := func() rlsv3.RateLimitResponse_Code {
-		resp, err := client.ShouldRateLimit(context.Background(), request("breaker", []string{"destination_cluster", "backend"}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.GetOverallCode()
-	}
+	call := backendCall(t, ts)
 	const rule = "breaker.destination_cluster_backend"
 	override := func(mode string) (int, string) {
 		resp, err := http.PostForm(ts.debugURL("/breakers/override"), url.Values{"rule": {rule}, "mode": {mode}})
