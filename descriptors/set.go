@@ -252,11 +252,7 @@ func (r *Rule) Varies() bool {
 // "sha256:" and the first 16 hex digits of its digest, and invalid UTF-8 in
 // a value as U+FFFD, so that the key is always a valid, short label value.
 func (r *Rule) MetricKey(entries []Entry) string {
-	withValues := r.DetailedMetric
-	for _, l := range r.levels {
-		withValues = withValues || l.valueToMetric
-	}
-	if !withValues {
+	if !r.MetricVaries() {
 		return r.ID
 	}
 	var b strings.Builder
@@ -275,6 +271,21 @@ func (r *Rule) MetricKey(entries []Entry) string {
 		}
 	}
 	return b.String()
+}
+
+// MetricVaries reports whether MetricKey depends on the request's values:
+// the rule has detailed_metric, or value_to_metric on any level of its path
+// (not only its own). When it is false, MetricKey is always the rule's ID.
+func (r *Rule) MetricVaries() bool {
+	if r.DetailedMetric {
+		return true
+	}
+	for _, l := range r.levels {
+		if l.valueToMetric {
+			return true
+		}
+	}
+	return false
 }
 
 // MetricValue is a request value as MetricKey shows it: valid UTF-8 (U+FFFD

@@ -128,15 +128,17 @@ func (s *Service) count(sc *scratch, st *ruleState, domain string, results []win
 		p := &sc.plans[i]
 		var c *ruleCounters
 		switch {
+		case p.kind == kindOverride:
+			d := st.overrides[domain]
+			if d == nil {
+				d = s.metrics.overrideCounters(domain)
+			}
+			c = d.get(overrideMetricKey(domain, p.entries))
 		case p.info != nil:
 			if p.info.counters != nil {
 				c = p.info.counters
 			} else {
 				c = p.info.detailed.get(p.info.rule.MetricKey(p.entries))
-			}
-		case p.kind == kindOverride:
-			if c = st.overrides[domain]; c == nil {
-				c = s.metrics.overrideCounters(domain)
 			}
 		}
 		if c == nil || p.refund {

@@ -1,9 +1,12 @@
 package service
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leapgate/leapgate/descriptors"
 )
 
 // Label values used when a label would otherwise exceed its cardinality cap
@@ -12,9 +15,6 @@ const (
 	// OverflowLabel replaces a detailed metric key once the cap of distinct
 	// values has been reached.
 	OverflowLabel = "_overflow_"
-	// OverrideLabel is the key label of descriptors limited by their own
-	// `limit` override that match no rule.
-	OverrideLabel = "_override_"
 )
 
 // Default caps of distinct label values.
@@ -64,7 +64,7 @@ type metrics struct {
 
 	mu        sync.Mutex
 	detailed  map[string]*detailedCounters // by domain + "\x00" + rule ID; survives reloads
-	overrides map[string]*ruleCounters     // by domain
+	overrides map[string]*detailedCounters // by domain
 }
 
 // ruleCounters are the label children of one (domain, key) pair.
@@ -108,7 +108,7 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 		}, []string{"reason"}),
 		maxDetailed: maxDetailed,
 		detailed:    make(map[string]*detailedCounters),
-		overrides:   make(map[string]*ruleCounters),
+		overrides:   make(map[string]*detailedCounters),
 	}
 	for _, c := range []prometheus.Collector{
 		m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen,
@@ -147,17 +147,39 @@ func (m *metrics) deleteSeries(domain, key string) {
 	}
 }
 
-// overrideCounters returns the counters of descriptors of domain that carry
-// their own limit and match no rule.
-func (m *metrics) overrideCounters(domain string) *ruleCounters {
+// overrideCounters returns the counters of descriptors of domain limited by
+// their own limit override, keyed by overrideMetricKey and capped like
+// detailed metric keys; the same object is returned across reloads.
+func (m *metrics) overrideCounters(domain string) *detailedCounters {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c, ok := m.overrides[domain]
+	d, ok := m.overrides[domain]
 	if !ok {
-		c = m.counters(domain, OverrideLabel)
-		m.overrides[domain] = c
+		d = &detailedCounters{m: m, domain: domain, max: m.maxDetailed}
+		m.overrides[domain] = d
 	}
-	return c
+	return d
+}
+
+// overrideMetricKey is the stats key of a descriptor limited by its own
+// override, as envoyproxy/ratelimit names it whether or not a rule matches:
+// "domain.key_value.key_value..." of the request's own entries ("key" alone
+// for an empty value), each value as descriptors.MetricValue shows it.
+func overrideMetricKey(domain string, entries []descriptors.Entry) string {
+	var b strings.Builder
+	b.WriteString(domain)
+	b.WriteByte('.')
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(descriptors.MetricValue(e.Key))
+		if e.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(descriptors.MetricValue(e.Value))
+		}
+	}
+	return b.String()
 }
 
 // detailedFor returns the capped per-value counters of a rule with

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ func TestRuleMetrics(t *testing.T) {
 	type counts struct{ total, over, near, within, shadow, circuit float64 }
 	tests := []struct {
 		name   string
+		rules  string // testRules when empty
 		opts   func(*Options)
 		refuse map[string]time.Duration
 		reqs   []*rlsv3.RateLimitRequest
@@ -62,9 +64,53 @@ func TestRuleMetrics(t *testing.T) {
 			want:   map[[2]string]counts{{"test", "test.backend_api"}: {total: 2, circuit: 2}},
 		},
 		{
-			name: "override without a rule",
+			name: "override without a rule: named after the request's entries",
 			reqs: repeat(2, req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0)))),
-			want: map[[2]string]counts{{"test", OverrideLabel}: {total: 2, within: 1, near: 1, over: 1}},
+			want: map[[2]string]counts{{"test", "test.x_y"}: {total: 2, within: 1, near: 1, over: 1}},
+		},
+		{
+			name: "override of a rule: named after the request's entries, not the rule",
+			reqs: []*rlsv3.RateLimitRequest{
+				req("test", with(desc("user", "alice"), override(1, typev3.RateLimitUnit_SECOND, 0))),
+				req("test", with(desc("nested", "a", "sub", ""), override(1, typev3.RateLimitUnit_SECOND, 0))),
+			},
+			want: map[[2]string]counts{
+				{"test", "test.user_alice"}:     {total: 1, within: 1, near: 1},
+				{"test", "test.nested_a.sub"}:   {total: 1, within: 1, near: 1},
+				{"test", "test.user"}:           {},
+				{"test", "test.nested_a.sub_x"}: {},
+			},
+		},
+		{
+			// envoyproxy/ratelimit's config_test.go, TestValueToMetric*:
+			// value_to_metric on a parent level puts the request's value at
+			// that level into the key of the rule limited below it.
+			name: "value_to_metric on a parent level",
+			rules: `
+domain: test
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value: GET
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    descriptors:
+      - key: user
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+`,
+			reqs: []*rlsv3.RateLimitRequest{
+				req("test", desc("route", "draw", "http_method", "GET")),
+				req("test", desc("route", "erase", "http_method", "GET")),
+				req("test", desc("tenant", "t1", "user", "bob")),
+			},
+			want: map[[2]string]counts{
+				{"test", "test.route_draw.http_method_GET"}:  {total: 1, within: 1},
+				{"test", "test.route_erase.http_method_GET"}: {total: 1, within: 1},
+				{"test", "test.tenant.user_bob"}:             {total: 1, within: 1},
+			},
 		},
 		{
 			name: "detailed metric keys capped",
@@ -82,7 +128,7 @@ func TestRuleMetrics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+			h := newHarness(t, mustParse(t, cmp.Or(tt.rules, testRules)), func(o *Options) {
 				if tt.refuse != nil {
 					o.Breakers = &fakeBreakers{refuse: tt.refuse}
 				}
@@ -110,9 +156,9 @@ func TestRuleMetrics(t *testing.T) {
 			}
 			// Every rule has its series (at 0 until used); no other key label
 			// exists: request values never leak into labels.
-			allowed := map[string]bool{OverrideLabel: true}
+			allowed := map[string]bool{}
 			for _, r := range h.svc.Rules().Rules() {
-				if !r.DetailedMetric && !r.ValueToMetric {
+				if !r.MetricVaries() {
 					allowed[r.ID] = true
 				}
 			}

@@ -281,7 +281,7 @@ func (s *Service) CheckRules(set *descriptors.Set) error {
 type ruleState struct {
 	set       *descriptors.Set
 	rules     map[*descriptors.Rule]*ruleInfo
-	overrides map[string]*ruleCounters // by domain: descriptors limited by their own override
+	overrides map[string]*detailedCounters // by domain: descriptors limited by their own override
 }
 
 func (s *Service) prepare(set *descriptors.Set) *ruleState {
@@ -289,7 +289,7 @@ func (s *Service) prepare(set *descriptors.Set) *ruleState {
 	st := &ruleState{
 		set:       set,
 		rules:     make(map[*descriptors.Rule]*ruleInfo, len(rules)),
-		overrides: make(map[string]*ruleCounters),
+		overrides: make(map[string]*detailedCounters),
 	}
 	for _, r := range rules {
 		st.rules[r] = s.newRuleInfo(r)
@@ -337,7 +337,7 @@ type limitInfo struct {
 
 func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 	info := &ruleInfo{rule: r, names: r.Names(), constKey: !r.Varies()}
-	if r.DetailedMetric || r.ValueToMetric {
+	if r.MetricVaries() {
 		info.detailed = s.metrics.detailedFor(r.Domain, r.ID)
 	} else {
 		info.counters = s.metrics.counters(r.Domain, r.ID)
