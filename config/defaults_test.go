@@ -43,6 +43,8 @@ var documentedDefaults = map[string]string{
 	"LOG_LEVEL":                            "info",
 	"LOG_FORMAT":                           "text",
 	"SHADOW_MODE":                          "false",
+	"QUOTA_MODE":                           "false",
+	"REFUSAL_HEADERS":                      "false",
 	"NEAR_LIMIT_RATIO":                     "0.8",
 	"WINDOW_BUCKETS":                       "20",
 	"LIMIT_RESPONSE_HEADERS_ENABLED":       "false",

@@ -151,6 +151,11 @@ type Settings struct {
 	// ShadowMode answers OK to every request while still counting and
 	// reporting what would have been refused.
 	ShadowMode bool `envconfig:"SHADOW_MODE" default:"false"`
+	// QuotaMode puts every limited descriptor in quota mode, as the rule
+	// option quota_mode does for one: an over-limit descriptor is answered
+	// OK and reported in the dynamic metadata's quotaModeViolations, so no
+	// request is refused by a rate limit.
+	QuotaMode bool `envconfig:"QUOTA_MODE" default:"false"`
 	// NearLimitRatio is the fraction of a limit above which hits are
 	// counted as near_limit in the metrics.
 	NearLimitRatio float64 `envconfig:"NEAR_LIMIT_RATIO" default:"0.8"`
@@ -162,17 +167,23 @@ type Settings struct {
 	// Answers.
 
 	// LimitResponseHeaders selects the rate-limit headers added to answers:
-	// false (none), true or draft03 (RateLimit-Limit/-Remaining/-Reset),
-	// draft11 (RateLimit-Policy and RateLimit). Retry-After is added to
-	// refusals in either mode.
+	// false (none), true or draft03 (RateLimit-Limit/-Remaining/-Reset, as
+	// upstream), draft11 (RateLimit-Policy and RateLimit, with Retry-After
+	// on refusals).
 	LimitResponseHeaders string `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
+	// RefusalHeaders adds "x-ratelimit-reason: rate-limited" and an honest
+	// Retry-After to every refusal by a rate limit (a circuit breaker's
+	// refusal always carries "x-ratelimit-reason: circuit-open" and
+	// Retry-After). Off by default, as upstream adds neither.
+	RefusalHeaders bool `envconfig:"REFUSAL_HEADERS" default:"false"`
 	// LimitLimitHeader, LimitRemainingHeader and LimitResetHeader rename
 	// the draft03 headers.
 	LimitLimitHeader     string `envconfig:"LIMIT_LIMIT_HEADER" default:"RateLimit-Limit"`
 	LimitRemainingHeader string `envconfig:"LIMIT_REMAINING_HEADER" default:"RateLimit-Remaining"`
 	LimitResetHeader     string `envconfig:"LIMIT_RESET_HEADER" default:"RateLimit-Reset"`
-	// ResponseDynamicMetadata fills each answer's dynamic_metadata with the
-	// domain, descriptors, hits and the matched rules' metadata.
+	// ResponseDynamicMetadata fills each answer's dynamic_metadata as
+	// upstream does (domain, descriptors, hitsAddend, quotaModeViolations,
+	// quotaModeEnabled), with the matched rules' metadata under "metadata".
 	ResponseDynamicMetadata bool `envconfig:"RESPONSE_DYNAMIC_METADATA" default:"false"`
 
 	// Circuit breakers: how an observed response (ext_proc, access log,

@@ -172,6 +172,8 @@ func (s *Server) buildService(settings config.Settings, limiter window.Limiter) 
 		Registry:        s.registry,
 		Logger:          s.logger,
 		ShadowMode:      settings.ShadowMode,
+		QuotaMode:       settings.QuotaMode,
+		RefusalHeaders:  settings.RefusalHeaders,
 		DefaultBuckets:  settings.WindowBuckets,
 		NearLimitRatio:  settings.NearLimitRatio,
 		ResponseHeaders: mode,

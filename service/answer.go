@@ -41,7 +41,6 @@ func (s *Service) consultBreakers(sc *scratch) bool {
 // decide picks each descriptor's reported result and computes the overall
 // rate-limit outcome before breakers and global shadow mode.
 func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reason string) {
-	quotaTotal, quotaOver := 0, 0
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		for j := p.first; j < p.first+p.n; j++ {
@@ -53,19 +52,9 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 				p.best = j
 			}
 		}
-		switch {
-		case p.shadow:
-		case p.quota:
-			quotaTotal++
-			if p.over {
-				quotaOver++
-			}
-		case p.over:
+		if p.over && enforcing(p) {
 			over = true
 		}
-	}
-	if quotaTotal > 0 && quotaOver == quotaTotal {
-		over = true
 	}
 	if over {
 		return true, ReasonRateLimited
@@ -91,8 +80,8 @@ func moreConstraining(a, b *window.Result) bool {
 
 // undo takes back hits that an over answer must not consume: those of
 // non-vetoing descriptors (shadow, quota) with some limit over, and, when the
-// request is refused overall without a veto having prevented recording (all
-// quota descriptors over, or a circuit breaker open), every recorded hit.
+// request is refused overall without a veto having prevented recording (a
+// circuit breaker open), every recorded hit.
 func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result, over bool) error {
 	all := over && !s.shadow
 	for i := range sc.plans {
@@ -200,7 +189,7 @@ type singleResponse struct {
 // conclude sets every plan's answer from the limiter's results: the most
 // constraining limit (or none), its remaining quota and reset, and whether
 // the descriptor is OVER_LIMIT (its limit refused, or its breaker is open;
-// never in shadow mode).
+// never in shadow mode, and never by a limit in quota mode).
 func (s *Service) conclude(sc *scratch, results []window.Result) {
 	for i := range sc.plans {
 		p := &sc.plans[i]
@@ -218,7 +207,7 @@ func (s *Service) conclude(sc *scratch, results []window.Result) {
 			r := &results[p.best]
 			a.remaining = uint32(min(r.Remaining, math.MaxUint32))
 			a.reset = r.Reset
-			a.over = p.over && !p.shadow
+			a.over = p.over && enforcing(p)
 		}
 		if p.breakerOff && !p.shadow {
 			a.over = true

@@ -63,17 +63,18 @@ func (m HeaderMode) valid() bool {
 	return m == HeadersOff || m == HeadersDraft03 || m == HeadersDraft11
 }
 
-// addHeaders adds the response headers: the reason of a refusal, the
-// rate-limit headers of the most constraining descriptor and, when the
-// request is refused, Retry-After (the time until this request could pass).
+// addHeaders adds the response headers: the rate-limit headers of the most
+// constraining descriptor and, on a refusal, the reason and Retry-After (the
+// time until this request could pass). The reason and Retry-After are added
+// to a circuit breaker's refusal always, to a rate limit's only with
+// RefusalHeaders (Retry-After also with HeadersDraft11), since upstream adds
+// neither.
 func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused bool, reason string) {
-	if refused {
+	explain := refused && (s.refusalHeaders || reason == ReasonCircuitOpen)
+	if explain {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: ReasonHeader, Value: reason})
 	}
-	if s.headers == HeadersOff {
-		return
-	}
-	if i := mostConstraining(sc.plans); i >= 0 {
+	if i := mostConstraining(sc.plans); i >= 0 && s.headers != HeadersOff {
 		a := &sc.plans[i].answer
 		limit := reportedLimit(a.limit)
 		reset := seconds(a.reset)
@@ -92,7 +93,7 @@ func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused
 			)
 		}
 	}
-	if refused {
+	if explain || (refused && s.headers == HeadersDraft11) {
 		retry := max(seconds(retryAfter(sc.plans)), 1)
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			&corev3.HeaderValue{Key: RetryAfterHeader, Value: strconv.FormatInt(retry, 10)})
@@ -144,33 +145,15 @@ func mostConstraining(plans []plan) int {
 }
 
 // retryAfter is the time until a refused request could pass: the longest
-// wait of the enforcing over-limit descriptors (rate limits and breakers);
-// when only quota descriptors refused (all of them over), the shortest wait
-// among them, since one freed quota lets the request through.
+// wait of the descriptors answered OVER_LIMIT (rate limits and breakers).
 func retryAfter(plans []plan) time.Duration {
-	var longest, shortestQuota time.Duration
-	enforced, quota := false, false
+	var longest time.Duration
 	for i := range plans {
-		p := &plans[i]
-		if !p.answer.over {
-			continue
-		}
-		d := p.answer.reset
-		switch {
-		case p.breakerOff && !p.shadow, enforcing(p):
-			enforced = true
-			longest = max(longest, d)
-		case p.quota:
-			if !quota || d < shortestQuota {
-				shortestQuota = d
-			}
-			quota = true
+		if a := &plans[i].answer; a.over {
+			longest = max(longest, a.reset)
 		}
 	}
-	if enforced || !quota {
-		return longest
-	}
-	return shortestQuota
+	return longest
 }
 
 // seconds rounds a duration up to whole seconds, so a client that waits
@@ -227,24 +210,39 @@ func sfString(s string) string {
 	return b.String()
 }
 
-// Keys of the response dynamic metadata set by the service; rule metadata
-// never overwrites them.
+// Keys of the response dynamic metadata, as envoyproxy/ratelimit sets them,
+// and metaRules, under which the matched rules' metadata is merged.
 const (
-	metaDomain      = "domain"
-	metaDescriptors = "descriptors"
-	metaHitsAddend  = "hitsAddend"
+	metaDomain          = "domain"
+	metaDescriptors     = "descriptors"
+	metaEntries         = "entries"
+	metaLimit           = "limit"
+	metaHitsAddend      = "hitsAddend"
+	metaQuotaViolations = "quotaModeViolations"
+	metaQuotaEnabled    = "quotaModeEnabled"
+	metaRules           = "metadata"
 )
 
-// dynamicMetadata builds the response's dynamic metadata
-// (RESPONSE_DYNAMIC_METADATA): the domain, the request's descriptors as
-// "key=value" strings (with their own hitsAddend when set), the request's
-// hitsAddend, and the metadata of the matched rules of every descriptor
-// answered OK, merged in request order (a later rule's key wins).
 // validUTF8 is a request string as a protobuf string field can carry it:
 // invalid UTF-8 (which a request may hold, see ShouldRateLimit) becomes
 // U+FFFD, since a response with invalid UTF-8 cannot be encoded.
 func validUTF8(v string) string { return strings.ToValidUTF8(v, "\uFFFD") }
 
+// dynamicMetadata builds the response's dynamic metadata
+// (RESPONSE_DYNAMIC_METADATA) field for field as envoyproxy/ratelimit does:
+//   - domain;
+//   - descriptors: per request descriptor, its entries as "key=value"
+//     strings, its limit override in protobuf text form when it has one,
+//     and its own hitsAddend when set;
+//   - hitsAddend: the request's, only when it is not 0;
+//   - quotaModeViolations: the indexes of the descriptors over a limit in
+//     quota mode (answered OK), only when there are any;
+//   - quotaModeEnabled: whether any matched rule has quota_mode.
+//
+// Leapgate adds "metadata": the metadata of the matched rules of the
+// descriptors answered OK, merged in request order; on a clash the earlier
+// descriptor's value wins, and maps present in both are merged key by key.
+// plans is nil for a request no rule could match.
 func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct {
 	descs := make([]*structpb.Value, len(req.GetDescriptors()))
 	for i, d := range req.GetDescriptors() {
@@ -252,35 +250,65 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct
 		for j, e := range d.GetEntries() {
 			entries[j] = structpb.NewStringValue(validUTF8(e.GetKey() + "=" + e.GetValue()))
 		}
-		fields := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		fields := map[string]*structpb.Value{metaEntries: structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			fields[metaLimit] = structpb.NewStringValue(l.String())
+		}
 		if h := d.GetHitsAddend(); h != nil {
 			fields[metaHitsAddend] = structpb.NewNumberValue(float64(h.GetValue()))
 		}
-		if d.GetIsNegativeHits() {
-			fields["isNegativeHits"] = structpb.NewBoolValue(true)
-		}
 		descs[i] = structpb.NewStructValue(&structpb.Struct{Fields: fields})
-	}
-	hits := req.GetHitsAddend()
-	if hits == 0 {
-		hits = 1
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		metaDomain:      structpb.NewStringValue(validUTF8(req.GetDomain())),
 		metaDescriptors: structpb.NewListValue(&structpb.ListValue{Values: descs}),
-		metaHitsAddend:  structpb.NewNumberValue(float64(hits)),
 	}}
+	if h := req.GetHitsAddend(); h != 0 {
+		md.Fields[metaHitsAddend] = structpb.NewNumberValue(float64(h))
+	}
+	var violations []*structpb.Value
+	quotaEnabled := false
+	var rules *structpb.Struct
 	for i := range plans {
 		p := &plans[i]
+		if p.info != nil && p.info.rule.QuotaMode && p.kind != kindOverride {
+			quotaEnabled = true
+		}
+		if p.quota && p.over {
+			violations = append(violations, structpb.NewNumberValue(float64(i)))
+		}
 		if p.info == nil || p.info.metadata == nil || p.answer.over {
 			continue
 		}
-		for k, v := range p.info.metadata.GetFields() {
-			if k == metaDomain || k == metaDescriptors || k == metaHitsAddend {
-				continue
-			}
-			md.Fields[k] = proto.Clone(v).(*structpb.Value)
+		if rules == nil {
+			rules = &structpb.Struct{Fields: map[string]*structpb.Value{}}
 		}
+		mergeAbsent(rules, p.info.metadata)
+	}
+	if len(violations) > 0 {
+		md.Fields[metaQuotaViolations] = structpb.NewListValue(&structpb.ListValue{Values: violations})
+	}
+	md.Fields[metaQuotaEnabled] = structpb.NewBoolValue(quotaEnabled)
+	if rules != nil {
+		md.Fields[metaRules] = structpb.NewStructValue(rules)
 	}
 	return md
+}
+
+// mergeAbsent copies into dst the fields of src that dst lacks, merging
+// maps that both hold; a value dst already has otherwise stays.
+func mergeAbsent(dst, src *structpb.Struct) {
+	for k, v := range src.GetFields() {
+		have, ok := dst.Fields[k]
+		if !ok {
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+			continue
+		}
+		if hs, vs := have.GetStructValue(), v.GetStructValue(); hs != nil && vs != nil {
+			if hs.Fields == nil {
+				hs.Fields = map[string]*structpb.Value{}
+			}
+			mergeAbsent(hs, vs)
+		}
+	}
 }

@@ -1,12 +1,15 @@
 package service
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -39,20 +42,28 @@ func TestResponseHeaders(t *testing.T) {
 		calls  []call
 	}{
 		{
-			name: "off: only the refusal reason",
+			name: "off: no headers at all, as upstream",
 			calls: []call{
-				{req: req("test", desc("ban", "x")), headers: []string{"x-ratelimit-reason: rate-limited"}},
+				{req: req("test", desc("ban", "x"))},
 				{req: req("test", desc("k", "exact"))},
 			},
 		},
 		{
-			name: "draft03 on OK and over, reset rounded up, Retry-After when refused",
+			name: "refusal headers: the reason and Retry-After on every refusal",
+			opts: func(o *Options) { o.RefusalHeaders = true },
+			calls: []call{
+				{req: req("test", desc("ban", "x")), headers: []string{"x-ratelimit-reason: rate-limited", "Retry-After: 1"}},
+				{req: req("test", desc("k", "exact"))},
+			},
+		},
+		{
+			name: "draft03 on OK and over, reset rounded up, as upstream",
 			opts: draft03,
 			calls: []call{
 				{req: req("test", desc("k", "exact")), headers: []string{"RateLimit-Limit: 3", "RateLimit-Remaining: 2", "RateLimit-Reset: 2"}},
 				{req: reqHits("test", 2, desc("k", "exact")), headers: []string{"RateLimit-Limit: 3", "RateLimit-Remaining: 0", "RateLimit-Reset: 2"}},
 				{at: 1050 * ms, req: req("test", desc("k", "exact")), headers: []string{
-					"x-ratelimit-reason: rate-limited", "RateLimit-Limit: 3", "RateLimit-Remaining: 0", "RateLimit-Reset: 1", "Retry-After: 1"}},
+					"RateLimit-Limit: 3", "RateLimit-Remaining: 0", "RateLimit-Reset: 1"}},
 				// No descriptor with a limit: no rate-limit headers.
 				{req: req("test", desc("x", "y"), desc("free", "z"))},
 			},
@@ -73,7 +84,7 @@ func TestResponseHeaders(t *testing.T) {
 			calls: []call{
 				{req: req("test", desc("k", "exact"), desc("user", "a")), headers: []string{"RateLimit-Limit: 2", "RateLimit-Remaining: 1", "RateLimit-Reset: 66"}},
 				{req: req("test", desc("user", "a"), desc("ban", "x"), desc("k", "exact")), headers: []string{
-					"x-ratelimit-reason: rate-limited", "RateLimit-Limit: 0", "RateLimit-Remaining: 0", "RateLimit-Reset: 1", "Retry-After: 1"}},
+					"RateLimit-Limit: 0", "RateLimit-Remaining: 0", "RateLimit-Reset: 1"}},
 				// Shadow-mode rules are not enforced, so not reported.
 				{req: req("test", desc("shadow", "s"), desc("k", "exact")), headers: []string{"RateLimit-Limit: 3", "RateLimit-Remaining: 1", "RateLimit-Reset: 2"}},
 			},
@@ -85,8 +96,9 @@ func TestResponseHeaders(t *testing.T) {
 				{req: req("test", desc("k", "exact")), headers: []string{`RateLimit-Policy: "exact3";q=3;w=1`, `RateLimit: "exact3";r=2;t=2`}},
 				{req: req("test", desc("user", "u")), headers: []string{`RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=1;t=66`}},
 				{req: req("test", desc("win", "w")), headers: []string{`RateLimit-Policy: "test.win";q=2;w=30`, `RateLimit: "test.win";r=1;t=33`}},
+				// draft11 (not upstream's) adds Retry-After to a refusal.
 				{req: req("test", desc("user", "u"), desc("user", "u")), headers: []string{
-					"x-ratelimit-reason: rate-limited", `RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=0;t=66`, "Retry-After: 66"}},
+					`RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=0;t=66`, "Retry-After: 66"}},
 			},
 		},
 		{
@@ -100,15 +112,12 @@ func TestResponseHeaders(t *testing.T) {
 			},
 		},
 		{
-			name: "all quota descriptors over: Retry-After is the first quota to free",
-			opts: draft03,
+			name: "quota descriptors over: answered OK, no refusal headers",
+			opts: func(o *Options) { o.ResponseHeaders = HeadersDraft03; o.RefusalHeaders = true },
 			calls: []call{
 				{req: reqHits("test", 2, desc("quota", "b")), headers: []string{"RateLimit-Limit: 2", "RateLimit-Remaining: 0", "RateLimit-Reset: 2"}},
-				{at: 900 * ms, req: req("test", desc("quota", "a")), headers: []string{"RateLimit-Limit: 1", "RateLimit-Remaining: 0", "RateLimit-Reset: 2"}},
-				// b frees in 150ms, a in 1050ms: the headers report the longer
-				// wait (equal remaining), Retry-After the shorter.
-				{at: 950 * ms, req: req("test", desc("quota", "a"), desc("quota", "b")), headers: []string{
-					"x-ratelimit-reason: rate-limited", "RateLimit-Limit: 1", "RateLimit-Remaining: 0", "RateLimit-Reset: 2", "Retry-After: 1"}},
+				{at: 900 * ms, req: req("test", desc("quota", "a"), desc("quota", "b")), headers: []string{
+					"RateLimit-Limit: 1", "RateLimit-Remaining: 0", "RateLimit-Reset: 2"}},
 			},
 		},
 		{
@@ -207,10 +216,11 @@ func TestDynamicMetadata(t *testing.T) {
 		return s
 	}
 	tests := []struct {
-		name string
-		off  bool
-		reqs []*rlsv3.RateLimitRequest
-		want *structpb.Struct // for the last request
+		name  string
+		off   bool
+		rules string // testRules when empty
+		reqs  []*rlsv3.RateLimitRequest
+		want  *structpb.Struct // for the last request
 	}{
 		{
 			name: "off",
@@ -226,9 +236,9 @@ func TestDynamicMetadata(t *testing.T) {
 					map[string]any{"entries": []any{"meta=x"}},
 					map[string]any{"entries": []any{"k=exact"}, "hitsAddend": 2},
 				},
-				"hitsAddend": 1,
-				"tier":       "gold",
-				"route":      "primary",
+				"hitsAddend":       1,
+				"quotaModeEnabled": false,
+				"metadata":         map[string]any{"tier": "gold", "route": "primary"},
 			}),
 		},
 		{
@@ -240,22 +250,77 @@ func TestDynamicMetadata(t *testing.T) {
 					map[string]any{"entries": []any{"meta=x"}},
 					map[string]any{"entries": []any{"nested=a", "sub=b"}},
 				},
-				"hitsAddend": 3,
+				"hitsAddend":       3,
+				"quotaModeEnabled": false,
+			}),
+		},
+		{
+			// envoyproxy/ratelimit's TestServiceQuotaModeWithMetadata.
+			name: "quota mode violations by descriptor index",
+			reqs: []*rlsv3.RateLimitRequest{
+				req("test", desc("quota", "a")),
+				req("test", desc("k", "exact"), desc("quota", "a"), desc("quota", "b")),
+			},
+			want: mustStruct(map[string]any{
+				"domain": "test",
+				"descriptors": []any{
+					map[string]any{"entries": []any{"k=exact"}},
+					map[string]any{"entries": []any{"quota=a"}},
+					map[string]any{"entries": []any{"quota=b"}},
+				},
+				"quotaModeViolations": []any{1},
+				"quotaModeEnabled":    true,
+			}),
+		},
+		{
+			name: "rule metadata: the first descriptor wins a clash, maps are merged",
+			rules: `
+domain: test
+descriptors:
+  - key: a
+    metadata: {tier: gold, limits: {burst: 10, region: eu}}
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: b
+    metadata: {tier: silver, owner: team-b, limits: {burst: 99, zone: 2}}
+    rate_limit: {unit: second, requests_per_unit: 5}
+`,
+			reqs: []*rlsv3.RateLimitRequest{req("test", desc("a", "1"), desc("b", "2"))},
+			want: mustStruct(map[string]any{
+				"domain": "test",
+				"descriptors": []any{
+					map[string]any{"entries": []any{"a=1"}},
+					map[string]any{"entries": []any{"b=2"}},
+				},
+				"quotaModeEnabled": false,
+				"metadata": map[string]any{
+					"tier": "gold", "owner": "team-b",
+					"limits": map[string]any{"burst": 10, "region": "eu", "zone": 2},
+				},
+			}),
+		},
+		{
+			name: "a limit override in protobuf text form",
+			reqs: []*rlsv3.RateLimitRequest{req("test", with(desc("x", "y"), override(7, typev3.RateLimitUnit_MINUTE, 0)))},
+			want: mustStruct(map[string]any{
+				"domain": "test",
+				"descriptors": []any{map[string]any{"entries": []any{"x=y"},
+					"limit": (&rlcommonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: typev3.RateLimitUnit_MINUTE}).String()}},
+				"quotaModeEnabled": false,
 			}),
 		},
 		{
 			name: "unknown domain",
 			reqs: []*rlsv3.RateLimitRequest{req("nope", desc("a", "b"))},
 			want: mustStruct(map[string]any{
-				"domain":      "nope",
-				"descriptors": []any{map[string]any{"entries": []any{"a=b"}}},
-				"hitsAddend":  1,
+				"domain":           "nope",
+				"descriptors":      []any{map[string]any{"entries": []any{"a=b"}}},
+				"quotaModeEnabled": false,
 			}),
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.DynamicMetadata = !tt.off })
+			h := newHarness(t, mustParse(t, cmp.Or(tt.rules, testRules)), func(o *Options) { o.DynamicMetadata = !tt.off })
 			var resp *rlsv3.RateLimitResponse
 			for _, r := range tt.reqs {
 				var err error

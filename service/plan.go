@@ -46,7 +46,7 @@ type plan struct {
 	veto    bool
 
 	shadow bool // the rule's shadow_mode applies
-	quota  bool // the rule's quota_mode applies
+	quota  bool // quota mode (the rule's quota_mode or QUOTA_MODE) applies
 
 	override   limitInfo // for kindOverride
 	breakerOff bool      // the rule's breaker refused the request
@@ -104,7 +104,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 				p.kind = kindUnlimited
 			case len(p.info.limits) > 0:
 				p.kind = kindLimited
-				p.quota = r.QuotaMode
+				p.quota = r.QuotaMode || s.quota
 			}
 		}
 		if l := d.GetLimit(); l != nil && p.kind != kindBroken {
@@ -115,7 +115,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 			} else {
 				p.kind = kindOverride
 				p.override = li
-				p.shadow, p.quota = false, false
+				p.shadow, p.quota = false, s.quota
 			}
 		}
 		sc.plans = append(sc.plans, p)

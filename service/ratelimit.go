@@ -98,9 +98,11 @@ func (sc *scratch) reset() {
 
 // ShouldRateLimit answers whether the request's descriptors are within their
 // limits. Statuses are in request order. The overall code is OVER_LIMIT if
-// any enforcing descriptor is over its limit or refused by a circuit breaker,
-// or if every quota_mode descriptor of the request is over; global shadow
-// mode then forces it to OK. Hits are recorded only for an admitted request
+// any enforcing descriptor is over its limit or refused by a circuit
+// breaker; global shadow mode then forces it to OK. A descriptor over a
+// limit in quota mode (quota_mode, QUOTA_MODE) is answered OK with its limit
+// and remaining quota, and named in the dynamic metadata's
+// quotaModeViolations, as envoyproxy/ratelimit answers it. Hits are recorded only for an admitted request
 // (all-or-nothing): an OVER_LIMIT answer consumes no quota.
 //
 // Every descriptor is answered on its own terms, so that no descriptor can

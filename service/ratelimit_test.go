@@ -244,21 +244,32 @@ func TestShouldRateLimit(t *testing.T) {
 			},
 		},
 		{
-			name: "quota mode: over only when every quota descriptor is over",
+			// envoyproxy/ratelimit's TestServiceQuotaModeOnly and
+			// TestServicePerDescriptorQuotaMode: a quota descriptor over its
+			// limit is answered OK with its limit and remaining quota, and
+			// never refuses the request by itself.
+			name: "quota mode: an over-limit quota descriptor is answered OK",
 			steps: []step{
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
 					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 1, 1100*ms)}},
-				// a is over but b is not: the request passes and b is charged.
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
-					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
-				// Both over: refused.
-				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOver, reason: ReasonRateLimited,
-					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOver(lim(2, second, ""), 0, 1100*ms)}},
-				// Every quota descriptor over: the regular one's recorded hit is
-				// undone, and its status says so.
-				{req: req("test", desc("k", "exact"), desc("quota", "a")), overall: codeOver, reason: ReasonRateLimited,
-					statuses: []*dstatus{wantOK(exact3, 3, 0), wantOver(lim(1, second, ""), 0, 1100*ms)}},
-				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
+					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
+				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
+				// A regular descriptor over refuses; the quota one stays OK.
+				{req: req("test", desc("ban", "x"), desc("quota", "a")), overall: codeOver, reason: ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(lim(1, second, ""), 0, 1100*ms)}},
+			},
+		},
+		{
+			name: "global quota mode: every limited descriptor in quota mode",
+			opts: func(o *Options) { o.QuotaMode = true },
+			steps: []step{
+				{req: req("test", desc("ban", "x"), desc("k", "exact")), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(0, second, ""), 0, time.Second), wantOK(exact3, 2, 1100*ms)}},
+				// A limit override is in quota mode too.
+				{req: req("test", with(desc("x", "y"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
+					statuses: []*dstatus{wantOK(lim(0, second, ""), 0, time.Second)}},
 			},
 		},
 		{
@@ -287,6 +298,7 @@ func TestShouldRateLimit(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var brk *fakeBreakers
 			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+				o.RefusalHeaders = true // the steps check the reason
 				if tt.refuse != nil {
 					brk = &fakeBreakers{refuse: tt.refuse}
 					o.Breakers = brk
@@ -646,8 +658,8 @@ func TestOneLimiterCallPerRequest(t *testing.T) {
 		{name: "refunds never veto and carry Negative",
 			req:  req("test", with(desc("k", "exact"), refund()), desc("user", "u")),
 			veto: []bool{false, true}, hits: []uint64{1, 1}, negative: []bool{true, false}},
-		{name: "all quota descriptors over: one Undo", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
-			veto: []bool{true, false}, hits: []uint64{1, 2}, undos: 1},
+		{name: "a quota descriptor over: no Undo, the request passes", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
+			veto: []bool{true, false}, hits: []uint64{1, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

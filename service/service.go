@@ -74,6 +74,9 @@ type Options struct {
 	// ShadowMode (SHADOW_MODE) forces the overall code to OK; descriptor
 	// statuses still say OVER_LIMIT where a limit is exceeded.
 	ShadowMode bool
+	// QuotaMode (QUOTA_MODE) puts every limited descriptor in quota mode,
+	// as the rule option quota_mode does for one.
+	QuotaMode bool
 	// DefaultBuckets is the number of buckets per window of a time_buckets
 	// limit that does not choose one (window.DefaultBuckets if 0). It must
 	// divide one second exactly so that every unit's window can be laid
@@ -84,16 +87,20 @@ type Options struct {
 	NearLimitRatio float64
 	// ResponseHeaders (LIMIT_RESPONSE_HEADERS_ENABLED) selects the
 	// rate-limit headers added to every answer with a limit: HeadersOff,
-	// HeadersDraft03 or HeadersDraft11. Retry-After is added to refusals in
-	// either mode.
+	// HeadersDraft03 or HeadersDraft11 (which adds Retry-After to
+	// refusals).
 	ResponseHeaders HeaderMode
+	// RefusalHeaders (REFUSAL_HEADERS) adds ReasonHeader and Retry-After to
+	// every refusal. A circuit breaker's refusal carries both regardless.
+	RefusalHeaders bool
 	// LimitHeader, RemainingHeader and ResetHeader name the HeadersDraft03
 	// headers (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
 	// LIMIT_RESET_HEADER); empty means DefaultLimitHeader and so on.
 	LimitHeader, RemainingHeader, ResetHeader string
 	// DynamicMetadata (RESPONSE_DYNAMIC_METADATA) fills the response's
-	// dynamic_metadata with the domain, the descriptors, the hits and the
-	// metadata of the matched rules of the descriptors answered OK.
+	// dynamic_metadata as envoyproxy/ratelimit does, with the metadata of
+	// the matched rules of the descriptors answered OK under "metadata"
+	// (see dynamicMetadata).
 	DynamicMetadata bool
 	// MaxDescriptors is the most descriptors one request may carry
 	// (MAX_DESCRIPTORS_PER_REQUEST; DefaultMaxDescriptors if 0): a request
@@ -123,13 +130,15 @@ type Service struct {
 	// maxDescriptors bounds the descriptors of one request.
 	maxDescriptors int
 	shadow         bool
+	quota          bool // QUOTA_MODE: every limited descriptor in quota mode
 	buckets        int
 	nearRatio      float64
 	metrics        *metrics
 
-	headers     HeaderMode
-	headerNames headerNames
-	metadata    bool
+	headers        HeaderMode
+	headerNames    headerNames
+	refusalHeaders bool // REFUSAL_HEADERS: reason and Retry-After on every refusal
+	metadata       bool
 
 	reload  sync.Mutex // serializes SetRules
 	state   atomic.Pointer[ruleState]
@@ -190,13 +199,15 @@ func New(opts Options) (*Service, error) {
 		breakers:       opts.Breakers,
 		log:            log,
 		shadow:         opts.ShadowMode,
+		quota:          opts.QuotaMode,
 		buckets:        buckets,
 		nearRatio:      ratio,
 		metrics:        m,
 
-		headers:     opts.ResponseHeaders,
-		headerNames: names,
-		metadata:    opts.DynamicMetadata,
+		headers:        opts.ResponseHeaders,
+		headerNames:    names,
+		refusalHeaders: opts.RefusalHeaders,
+		metadata:       opts.DynamicMetadata,
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
