@@ -16,7 +16,7 @@ SOAK ?= 3m
 .PHONY: run test bench soak check-config accuracy loadtest compare mutate
 
 run:
-	$(GO) run ./cmd/ratelimit
+	EXAMPLE_RULES=true $(GO) run ./cmd/ratelimit
 
 test:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/test.sh

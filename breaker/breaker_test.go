@@ -22,7 +22,7 @@ const (
 func mustConfig(t testing.TB, block string) Config {
 	t.Helper()
 	set, err := descriptors.Parse([]descriptors.File{{Name: "b.yaml", Data: []byte(
-		"domain: b\ndescriptors:\n  - key: k\n    circuit_breaker: {" + block + "}\n")}})
+		"domain: b\ndescriptors:\n  - key: k\n    circuit_breaker: {" + block + "}\n")}}, descriptors.Options{})
 	if err != nil {
 		t.Fatalf("circuit_breaker {%s}: %v", block, err)
 	}

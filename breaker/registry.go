@@ -139,13 +139,32 @@ func (r *Registry) Clock() window.Clock { return r.clock }
 // Mapping returns the registry's observation-to-entries mapping.
 func (r *Registry) Mapping() Mapping { return r.mapping }
 
+// CheckRules reports what SetRules would skip in set: a breaker rule whose
+// ID another breaker rule already has (possible only in a Set not built by
+// the descriptors loader, which refuses duplicate IDs). nil means SetRules
+// takes every breaker of set.
+func (r *Registry) CheckRules(set *descriptors.Set) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, rule := range set.Rules() {
+		if rule.Breaker == nil {
+			continue
+		}
+		if seen[rule.ID] {
+			errs = append(errs, fmt.Errorf("%s:%d: duplicate rule id %s", rule.File, rule.Line, rule.ID))
+		}
+		seen[rule.ID] = true
+	}
+	return errors.Join(errs...)
+}
+
 // SetRules replaces the breaker rules with those of set that carry a
 // Breaker (call it with every newly loaded set). A rule whose ID, path,
 // share_threshold and breaker configuration are unchanged keeps its
 // breakers and their state; the breakers of other rules start closed. The
-// blocks come validated from the rule loader; a duplicate rule ID (possible
-// only in a Set not built by it) is skipped and reported in the returned
-// error, the other rules take effect.
+// blocks come validated from the rule loader; what CheckRules reports (a
+// duplicate rule ID) is skipped and returned as the error, the other rules
+// take effect.
 func (r *Registry) SetRules(set *descriptors.Set) error {
 	r.swap.Lock()
 	defer r.swap.Unlock()

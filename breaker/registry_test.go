@@ -63,7 +63,7 @@ descriptors:
 
 func parseSet(t testing.TB, yaml string) *descriptors.Set {
 	t.Helper()
-	set, err := descriptors.Parse([]descriptors.File{{Name: "rules.yaml", Data: []byte(yaml)}})
+	set, err := descriptors.Parse([]descriptors.File{{Name: "rules.yaml", Data: []byte(yaml)}}, descriptors.Options{})
 	if err != nil {
 		t.Fatalf("parse rules: %v", err)
 	}

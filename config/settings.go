@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -34,6 +35,10 @@ type Settings struct {
 	// (RateLimitService, health, reflection).
 	GRPCHost string `envconfig:"GRPC_HOST" default:"0.0.0.0"`
 	GRPCPort int    `envconfig:"GRPC_PORT" default:"8081"`
+	// GRPCUDS, when set, is the path of a Unix domain socket the gRPC
+	// listener serves on instead of GRPCHost:GRPCPort (a stale socket file
+	// left by a previous process is replaced).
+	GRPCUDS string `envconfig:"GRPC_UDS"`
 	// Host and Port are the address of the HTTP listener (/healthcheck,
 	// /json, /metrics).
 	Host string `envconfig:"HOST" default:"0.0.0.0"`
@@ -134,6 +139,29 @@ type Settings struct {
 	RuntimeRoot         string `envconfig:"RUNTIME_ROOT" default:"/srv/runtime_data/current"`
 	RuntimeSubdirectory string `envconfig:"RUNTIME_SUBDIRECTORY"`
 	RuntimeAppDirectory string `envconfig:"RUNTIME_APPDIRECTORY" default:"config"`
+	// RuntimeWatchRoot also reloads the rules when RUNTIME_ROOT itself is
+	// replaced (the symlink swap of a Lyft-style deploy), as upstream's
+	// default does; the rule directory is watched either way.
+	RuntimeWatchRoot bool `envconfig:"RUNTIME_WATCH_ROOT" default:"true"`
+	// MergeDomainConfig lets several rule files define descriptors of one
+	// domain; their descriptors are merged (a descriptor defined twice is
+	// still an error). Off, a domain defined twice is an error.
+	MergeDomainConfig bool `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+	// ExampleRules serves the embedded example rules (domain "example")
+	// instead of the rule directory, for trying the service out. Off, a
+	// rule directory that does not exist stops start-up with an error.
+	ExampleRules bool `envconfig:"EXAMPLE_RULES" default:"false"`
+	// HealthyWithAtLeastOneConfigLoaded reports the service healthy only
+	// while a rule set with at least one domain is loaded. Off (upstream's
+	// default), it is healthy from start-up, even while no valid rules are
+	// loaded and every call answers Unavailable; turn it on so that a pod
+	// with a bad or empty rule set is not Ready.
+	HealthyWithAtLeastOneConfigLoaded bool `envconfig:"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED" default:"false"`
+	// ForceStartWithoutInitialConfig, with CONFIG_TYPE=GRPC_XDS_SOTW,
+	// reports the service healthy before the first rule snapshot arrives
+	// (calls answer Unavailable until it does). Off, it stays NOT_SERVING
+	// until then, as upstream does not listen until then.
+	ForceStartWithoutInitialConfig bool `envconfig:"FORCE_START_WITHOUT_INITIAL_CONFIG" default:"false"`
 	// ReloadDebounce is how long the rule directory must stay quiet after a
 	// change before the rules are reloaded (one edit often makes several
 	// file-system events).
@@ -141,8 +169,8 @@ type Settings struct {
 
 	// Logging.
 
-	// LogLevel is debug, info, warn or error (case-insensitive).
-	LogLevel slog.Level `envconfig:"LOG_LEVEL" default:"info"`
+	// LogLevel is the least severe level logged (see LogLevel).
+	LogLevel LogLevel `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json.
 	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
 
@@ -212,25 +240,57 @@ type Settings struct {
 	// with nothing left inside their window.
 	SweepInterval time.Duration `envconfig:"SWEEP_INTERVAL" default:"10s"`
 	// BackendType chooses where windows live: "memory" (this process) or
-	// "redis" (shared by all replicas; see Redis).
+	// "redis" (shared by all replicas; see Redis). Unset, it is "redis"
+	// when REDIS_URL or REDIS_SOCKET_TYPE is set (as upstream, whose
+	// default is Redis, would use it), else "memory"; see Load.
 	BackendType string `envconfig:"BACKEND_TYPE" default:"memory"`
 	// Redis configures BACKEND_TYPE=redis (REDIS_* variables, config/redis.go).
-	Redis Redis
+	// It is embedded so that envconfig names its variables without a prefix.
+	Redis
 	// XDS chooses the rule source (CONFIG_TYPE) and configures the xDS one
 	// (CONFIG_GRPC_XDS_* variables, config/xds.go).
-	XDS XDS
+	XDS
+
+	// backendInferred records that Load chose BackendType from the Redis
+	// settings (see BackendReason).
+	backendInferred bool
 }
 
-// Load reads the settings from the environment and validates them.
+// Load reads the settings from the environment and validates them. With
+// BACKEND_TYPE unset and REDIS_URL or REDIS_SOCKET_TYPE set, BackendType is
+// BackendRedis: a deployment of envoyproxy/ratelimit (whose default backend
+// is Redis) keeps sharing its limits across replicas.
 func Load() (Settings, error) {
 	var s Settings
 	if err := envconfig.Process("", &s); err != nil {
 		return Settings{}, fmt.Errorf("reading settings: %w", err)
 	}
+	if _, set := os.LookupEnv("BACKEND_TYPE"); !set {
+		for _, name := range redisHints {
+			if _, ok := os.LookupEnv(name); ok {
+				s.BackendType, s.backendInferred = BackendRedis, true
+				break
+			}
+		}
+	}
 	if err := s.Validate(); err != nil {
 		return Settings{}, err
 	}
 	return s, nil
+}
+
+// redisHints are the variables whose presence, with BACKEND_TYPE unset,
+// selects the Redis backend.
+var redisHints = []string{"REDIS_URL", "REDIS_SOCKET_TYPE"}
+
+// BackendReason says why BackendType has its value, for the start-up log:
+// "BACKEND_TYPE" when it was set or defaulted, or the sentence saying that
+// the Redis settings chose it.
+func (s Settings) BackendReason() string {
+	if s.backendInferred {
+		return "BACKEND_TYPE is unset and " + strings.Join(redisHints, " or ") + " is set: using Redis, as envoyproxy/ratelimit would; set BACKEND_TYPE=memory to keep limits in this process"
+	}
+	return "BACKEND_TYPE"
 }
 
 // Defaults returns the settings used when no environment variable is set
@@ -331,7 +391,7 @@ func joinHostPort(host string, port int) string {
 
 // NewLogger returns a logger writing to w in the configured format and level.
 func (s Settings) NewLogger(w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: s.LogLevel}
+	opts := &slog.HandlerOptions{Level: slog.Level(s.LogLevel)}
 	if strings.EqualFold(s.LogFormat, "json") {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}

@@ -41,7 +41,7 @@ func TestLoadDefaultsMatchDefaults(t *testing.T) {
 			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
 		}
 	}
-	if got.LogLevel != slog.LevelInfo || got.NearLimitRatio != 0.8 || got.WindowBuckets != 20 {
+	if got.LogLevel != LogLevel(slog.LevelInfo) || got.NearLimitRatio != 0.8 || got.WindowBuckets != 20 {
 		t.Errorf("defaults: level %v ratio %v buckets %d", got.LogLevel, got.NearLimitRatio, got.WindowBuckets)
 	}
 }
@@ -69,7 +69,7 @@ func TestLoadFromEnvironment(t *testing.T) {
 	if s.ConfigDir() != "/data/ratelimit/rules" {
 		t.Errorf("ConfigDir = %q", s.ConfigDir())
 	}
-	if s.LogLevel != slog.LevelDebug || s.LogFormat != "json" || !s.ShadowMode ||
+	if s.LogLevel != LogLevel(slog.LevelDebug) || s.LogFormat != "json" || !s.ShadowMode ||
 		s.NearLimitRatio != 0.5 || s.WindowBuckets != 10 || s.DrainTimeout != 3*time.Second || s.MaxDescriptors != 8 {
 		t.Errorf("settings not read: %+v", s)
 	}
@@ -234,5 +234,87 @@ func TestReportListenerNeedsTokenOffLoopback(t *testing.T) {
 		if strings.Contains(s.String(), "s3cret") {
 			t.Errorf("REPORT_TOKEN printed: %s", s)
 		}
+	}
+}
+
+// TestLogLevelSpellings: every LOG_LEVEL spelling envoyproxy/ratelimit
+// accepts starts the service.
+func TestLogLevelSpellings(t *testing.T) {
+	for _, c := range []struct {
+		value string
+		want  slog.Level
+	}{
+		{"trace", slog.LevelDebug}, {"DEBUG", slog.LevelDebug}, {"info", slog.LevelInfo}, {"Warn", slog.LevelWarn},
+		{"warning", slog.LevelWarn}, {"WARNING", slog.LevelWarn}, {"error", slog.LevelError}, {"fatal", slog.LevelError}, {"panic", slog.LevelError},
+	} {
+		t.Run(c.value, func(t *testing.T) {
+			unsetAll(t)
+			unsetRedis(t)
+			t.Setenv("LOG_LEVEL", c.value)
+			s, err := Load()
+			if err != nil || slog.Level(s.LogLevel) != c.want {
+				t.Errorf("LOG_LEVEL=%s: %v, %v; want %v", c.value, slog.Level(s.LogLevel), err, c.want)
+			}
+		})
+	}
+	unsetAll(t)
+	t.Setenv("LOG_LEVEL", "verbose")
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "LOG_LEVEL") {
+		t.Errorf("LOG_LEVEL=verbose: %v, want an error naming LOG_LEVEL", err)
+	}
+}
+
+// TestErrorsNameRealVariables: a malformed value is reported under the
+// variable's own name (the nested settings once read as REDIS_REDIS_TIMEOUT).
+func TestErrorsNameRealVariables(t *testing.T) {
+	for _, name := range []string{"REDIS_TIMEOUT", "REDIS_POOL_SIZE", "XDS_CLIENT_BACKOFF_MAX_INTERVAL"} {
+		t.Run(name, func(t *testing.T) {
+			unsetAll(t)
+			unsetRedis(t)
+			t.Setenv(name, "bogus")
+			_, err := Load()
+			if err == nil || !strings.Contains(err.Error(), "assigning "+name+" ") {
+				t.Errorf("%s=bogus: %v, want an error naming %s", name, err, name)
+			}
+		})
+	}
+}
+
+// TestBackendInferredFromRedisSettings: an envoyproxy/ratelimit deployment
+// (whose default backend is Redis) that sets REDIS_URL but not BACKEND_TYPE
+// keeps sharing its limits through Redis, and the reason is given.
+func TestBackendInferredFromRedisSettings(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		env      map[string]string
+		want     string
+		inferred bool
+	}{
+		{"nothing set", nil, BackendMemory, false},
+		{"REDIS_URL", map[string]string{"REDIS_URL": "redis:6379"}, BackendRedis, true},
+		{"REDIS_SOCKET_TYPE", map[string]string{"REDIS_SOCKET_TYPE": "tcp"}, BackendRedis, true},
+		{"BACKEND_TYPE wins", map[string]string{"BACKEND_TYPE": "memory", "REDIS_URL": "redis:6379"}, BackendMemory, false},
+		{"BACKEND_TYPE=redis", map[string]string{"BACKEND_TYPE": "redis"}, BackendRedis, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			unsetAll(t)
+			unsetRedis(t)
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			s, err := Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.BackendType != c.want {
+				t.Errorf("BackendType = %q, want %q", s.BackendType, c.want)
+			}
+			if got := s.BackendReason() != "BACKEND_TYPE"; got != c.inferred {
+				t.Errorf("BackendReason() = %q", s.BackendReason())
+			}
+			if c.inferred && !strings.Contains(s.BackendReason(), "BACKEND_TYPE=memory") {
+				t.Errorf("BackendReason() = %q, want it to say how to keep memory", s.BackendReason())
+			}
+		})
 	}
 }

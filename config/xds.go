@@ -37,9 +37,24 @@ type XDS struct {
 	ServerTLSCACert string `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_CACERT"`
 	// ServerTLSSAN, when set, is the name the server certificate must carry.
 	ServerTLSSAN string `envconfig:"CONFIG_GRPC_XDS_SERVER_TLS_SAN"`
-	// BackoffInitial and BackoffMax bound the exponential reconnection delay.
+	// AdditionalHeaders are sent as gRPC metadata on the ADS stream, as
+	// "name:value" pairs, comma separated (envconfig's map syntax, as
+	// upstream reads it).
+	AdditionalHeaders map[string]string `envconfig:"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"`
+	// ConnectRetryInterval is the wait after an attempt that reached no
+	// management server, before jitter.
+	ConnectRetryInterval time.Duration `envconfig:"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL" default:"3s"`
+	// BackoffInitial and BackoffMax bound the exponential delay before
+	// re-opening a stream that broke after it had opened.
 	BackoffInitial time.Duration `envconfig:"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL" default:"1s"`
 	BackoffMax     time.Duration `envconfig:"XDS_CLIENT_BACKOFF_MAX_INTERVAL" default:"60s"`
+	// BackoffJitter spreads every wait uniformly over ±BackoffRandomFactor
+	// of it, so that replicas do not reconnect in step.
+	BackoffJitter       bool    `envconfig:"XDS_CLIENT_BACKOFF_JITTER" default:"true"`
+	BackoffRandomFactor float64 `envconfig:"XDS_CLIENT_BACKOFF_RANDOM_FACTOR" default:"0.5"`
+	// MaxMsgSize, when positive, is the largest xDS response accepted, in
+	// bytes (0: gRPC's default, 4 MiB).
+	MaxMsgSize int `envconfig:"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES" default:"0"`
 }
 
 // Metadata parses NodeMetadata into a map.
@@ -79,6 +94,15 @@ func (x XDS) Validate() error {
 	}
 	if x.BackoffInitial <= 0 || x.BackoffMax < x.BackoffInitial {
 		errs = append(errs, fmt.Errorf("XDS_CLIENT_BACKOFF_*: need 0 < initial (%v) <= max (%v)", x.BackoffInitial, x.BackoffMax))
+	}
+	if x.ConnectRetryInterval <= 0 {
+		errs = append(errs, fmt.Errorf("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL: must be positive, got %v", x.ConnectRetryInterval))
+	}
+	if x.BackoffRandomFactor < 0 || x.BackoffRandomFactor > 1 {
+		errs = append(errs, fmt.Errorf("XDS_CLIENT_BACKOFF_RANDOM_FACTOR: %v is outside [0, 1]", x.BackoffRandomFactor))
+	}
+	if x.MaxMsgSize < 0 {
+		errs = append(errs, fmt.Errorf("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: must not be negative, got %d", x.MaxMsgSize))
 	}
 	if _, err := x.Metadata(); err != nil {
 		errs = append(errs, err)

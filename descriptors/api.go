@@ -100,14 +100,21 @@ type Error struct {
 	Reason string
 
 	err error // the underlying error, if any (e.g. from reading the file)
+	// lineInReason: Reason names the line itself, as envoyproxy/ratelimit
+	// words YAML syntax errors ("yaml: line N: ..."), so Error does not
+	// repeat it.
+	lineInReason bool
 }
 
 // Unwrap returns the underlying error, such as the fs error of a file that
 // could not be read, or nil.
 func (e *Error) Unwrap() error { return e.err }
 
+// Error is "file:line: reason", or "file: reason" when the line is unknown
+// or the reason names it (a YAML syntax error, worded as upstream:
+// "file: error loading config file: yaml: line N: ...").
 func (e *Error) Error() string {
-	if e.Line > 0 {
+	if e.Line > 0 && !e.lineInReason {
 		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Reason)
 	}
 	return fmt.Sprintf("%s: %s", e.File, e.Reason)

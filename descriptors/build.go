@@ -75,6 +75,7 @@ func at(lines map[string]int, field string, fallback int) int {
 
 // builder turns raw files into a Set, collecting every error.
 type builder struct {
+	opts    Options
 	set     *Set
 	errs    []error
 	domains map[string]string // domain -> "file:line" of its definition
@@ -82,8 +83,9 @@ type builder struct {
 	ids     map[string]*Rule  // every node's ID -> its rule, to catch collisions
 }
 
-func newBuilder() *builder {
+func newBuilder(opts Options) *builder {
 	return &builder{
+		opts:    opts,
 		set:     &Set{domains: map[string]*node{}, byID: map[string]*Rule{}},
 		domains: map[string]string{},
 		perFile: map[string]int{},
@@ -118,14 +120,21 @@ func (b *builder) addFile(f *rawFile) {
 		b.errorf(f.name, f.line, "config file cannot have empty domain")
 		return
 	}
+	root := b.set.domains[f.domain]
 	if where, dup := b.domains[f.domain]; dup {
-		b.errorf(f.name, f.line, "duplicate domain '%s' in config file (first defined at %s)", f.domain, where)
-		return
+		if !b.opts.MergeDomains {
+			b.errorf(f.name, f.line, "duplicate domain '%s' in config file (first defined at %s)", f.domain, where)
+			return
+		}
+		if root == nil {
+			return // its first definition was refused
+		}
+	} else {
+		b.domains[f.domain] = location(f.name, f.line)
+		root = &node{}
+		b.set.domains[f.domain] = root
 	}
-	b.domains[f.domain] = location(f.name, f.line)
-	root := &node{}
 	b.addChildren(f, root, f.domain, nil, nil, f.descriptors)
-	b.set.domains[f.domain] = root
 }
 
 // addChildren validates and links the descriptors below parent, whose ID is
@@ -158,6 +167,11 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 			continue
 		}
 		seen[composite] = d.line
+		if other := parent.child(d.key, d.value); other != nil {
+			// Defined by another file of a merged domain.
+			b.errorf(f.name, d.line, "duplicate descriptor composite key '%s' (first at %s)", id, location(other.rule.File, other.rule.Line))
+			continue
+		}
 		wild := isWildcard(d.value)
 		if d.shareThreshold && !wild {
 			b.errorf(f.name, at(d.lines, "share_threshold", d.line),

@@ -38,7 +38,7 @@ func TestErrorFixtures(t *testing.T) {
 		reason  string
 	}{
 		{"ambiguous_id.yaml", 7, "descriptor id 'd.a.b' is also the id of the descriptor at ambiguous_id.yaml:3 (keys or values containing '.' or '_' make paths ambiguous)"},
-		{"bad_indentation.yaml", 4, "error loading config file: yaml: mapping values are not allowed in this context"},
+		{"bad_indentation.yaml", 4, "error loading config file: yaml: line 4: mapping values are not allowed in this context"},
 		{"bool_not_bool.yaml", 4, "config error, shadow_mode must be true or false, got sometimes"},
 		{"breaker_bad_status.yaml", 7, "config error, error_statuses must hold HTTP statuses (100-599), got 1000"},
 		{"breaker_count_fraction.yaml", 6, "circuit_breaker: threshold of strategy error_count must be a whole number of at least 1, got 2.5"},
@@ -66,7 +66,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"empty_domain.yaml", 1, "config file cannot have empty domain"},
 		{"empty_key.yaml", 4, "descriptor has empty key"},
 		{"list_not_map.yaml", 4, "config error, yaml file contains list of type other than map: b"},
-		{"malformed.yaml", 4, "error loading config file: yaml: did not find expected ',' or '}'"},
+		{"malformed.yaml", 4, "error loading config file: yaml: line 4: did not find expected ',' or '}'"},
 		{"merge_key.yaml", 4, "config error, YAML merge keys (<<) are not supported"},
 		{"metadata_not_map.yaml", 4, "config error, metadata must be a mapping, got a list"},
 		{"missing_unit.yaml", 5, "invalid rate limit unit ''"},
@@ -97,7 +97,7 @@ func TestErrorFixtures(t *testing.T) {
 	for _, tt := range tests {
 		seen[tt.fixture] = true
 		t.Run(tt.fixture, func(t *testing.T) {
-			set, err := LoadFS(os.DirFS("testdata/errors"), tt.fixture)
+			set, err := LoadFS(os.DirFS("testdata/errors"), tt.fixture, Options{})
 			if err == nil {
 				t.Fatalf("loaded without error: %s", set.Dump())
 			}

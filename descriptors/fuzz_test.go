@@ -14,7 +14,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(matchRules))
 	f.Add([]byte(extensionRules))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := Parse([]File{{Name: "fuzz.yaml", Data: data}})
+		s, err := Parse([]File{{Name: "fuzz.yaml", Data: data}}, Options{})
 		if err != nil {
 			if s != nil {
 				t.Fatal("Set returned with an error")

@@ -14,17 +14,27 @@ type File struct {
 	Data []byte
 }
 
+// Options adjust how rule files become a Set. The zero value is
+// envoyproxy/ratelimit's default.
+type Options struct {
+	// MergeDomains (MERGE_DOMAIN_CONFIG) lets several files define one
+	// domain: their top-level descriptors are merged into it, and a
+	// descriptor one file defines again is still an error. Without it a
+	// domain defined twice is an error.
+	MergeDomains bool
+}
+
 // Parse builds a Set from rule files in memory, in the order given (a domain
 // defined twice is reported at its second definition). Every error found in
 // any file is returned, as an errors.Join of *Error; the Set is returned only
 // when there is none.
-func Parse(files []File) (*Set, error) {
-	return parse(files, nil)
+func Parse(files []File, opts Options) (*Set, error) {
+	return parse(files, nil, opts)
 }
 
 // parse is Parse with errors found before parsing, such as unreadable files.
-func parse(files []File, errs []error) (*Set, error) {
-	b := newBuilder()
+func parse(files []File, errs []error, opts Options) (*Set, error) {
+	b := newBuilder(opts)
 	b.errs = errs
 	for _, f := range files {
 		raw, errs := parseYAML(f.Name, f.Data)
@@ -36,36 +46,39 @@ func parse(files []File, errs []error) (*Set, error) {
 	return b.result()
 }
 
-// Load reads the rule files of the directory dir and its subdirectories: every
-// file named *.yaml or *.yml, in lexical order of path. Names starting with a
-// dot are skipped, files and directories alike (Kubernetes mounts a ConfigMap
-// as symlinks into a ..data directory; the symlinks are read, ..data is not).
+// Load reads the rule files of the directory dir and its subdirectories:
+// every file, whatever its name (as envoyproxy/ratelimit reads them, so a
+// ConfigMap key such as "ratelimit-config" is a rule file), in lexical order
+// of path. Names starting with a dot are skipped, files and directories
+// alike (Kubernetes mounts a ConfigMap as symlinks into a ..data directory;
+// the symlinks are read, ..data is not).
 // Symlinks to files are followed; symlinks to directories are not. Errors in
 // the files are reported as by Parse, with the file's path under dir; a rule
 // file that cannot be read (a dangling symlink, say) is an *Error too, which
 // wraps the fs error. A directory that cannot be read is an error wrapping
 // the fs error (errors.Is(err, fs.ErrNotExist) when it does not exist).
-func Load(dir string) (*Set, error) {
-	return loadFS(os.DirFS(dir), ".", func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) })
+func Load(dir string, opts Options) (*Set, error) {
+	return loadFS(os.DirFS(dir), ".", func(rel string) string { return filepath.Join(dir, filepath.FromSlash(rel)) }, opts)
 }
 
 // LoadFS is Load on the directory dir of fsys. File names in errors are
 // paths in fsys.
-func LoadFS(fsys fs.FS, dir string) (*Set, error) {
-	return loadFS(fsys, dir, func(rel string) string { return rel })
+func LoadFS(fsys fs.FS, dir string, opts Options) (*Set, error) {
+	return loadFS(fsys, dir, func(rel string) string { return rel }, opts)
 }
 
-func loadFS(fsys fs.FS, dir string, display func(string) string) (*Set, error) {
+func loadFS(fsys fs.FS, dir string, display func(string) string, opts Options) (*Set, error) {
 	files, readErrs, err := readRuleFiles(fsys, dir, display)
 	if err != nil {
 		return nil, err
 	}
-	return parse(files, readErrs)
+	return parse(files, readErrs, opts)
 }
 
-// isRuleFile reports whether a directory entry name is a rule file name.
+// isRuleFile reports whether a directory entry name is a rule file name:
+// any name that does not start with a dot.
 func isRuleFile(name string) bool {
-	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
+	return !strings.HasPrefix(name, ".")
 }
 
 // readRuleFiles reads the rule files under dir, naming each with display.

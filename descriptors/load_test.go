@@ -183,7 +183,7 @@ func TestParseCollectsEveryError(t *testing.T) {
 		{Name: "b.yaml", Data: []byte("domain: a\n")},
 		{Name: "c.yaml", Data: []byte("domain: c\ndescriptors: [{key: y, rate_limit: {unit: eon}}]\n")},
 		{Name: "d.yaml", Data: []byte("domain: [\n")},
-	})
+	}, Options{})
 	var got []string
 	for _, e := range unwrapErrors(t, err) {
 		got = append(got, e.Error())
@@ -193,7 +193,7 @@ func TestParseCollectsEveryError(t *testing.T) {
 		"a.yaml:5: descriptor has empty key",
 		"b.yaml:1: duplicate domain 'a' in config file (first defined at a.yaml:1)",
 		"c.yaml:2: invalid rate limit unit 'eon'",
-		"d.yaml:2: error loading config file: yaml: did not find expected node content",
+		"d.yaml: error loading config file: yaml: line 2: did not find expected node content",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("errors:\n got %q\nwant %q", got, want)
@@ -202,43 +202,103 @@ func TestParseCollectsEveryError(t *testing.T) {
 
 func TestParseEmpty(t *testing.T) {
 	for _, data := range []string{"", "# only a comment\n", "---\n"} {
-		_, err := Parse([]File{{Name: "e.yaml", Data: []byte(data)}})
+		_, err := Parse([]File{{Name: "e.yaml", Data: []byte(data)}}, Options{})
 		errs := unwrapErrors(t, err)
 		if len(errs) != 1 || errs[0].Reason != "config file cannot have empty domain" || errs[0].File != "e.yaml" {
-			t.Errorf("Parse(%q) = %v, want empty domain error", data, err)
+			t.Errorf("Parse(%q, Options{}) = %v, want empty domain error", data, err)
 		}
 	}
-	s, err := Parse(nil)
+	s, err := Parse(nil, Options{})
 	if err != nil || s == nil || len(s.Rules()) != 0 {
-		t.Errorf("Parse(nil) = %v, %v; want an empty set", s, err)
+		t.Errorf("Parse(nil, Options{}) = %v, %v; want an empty set", s, err)
 	}
 }
 
 func TestLoadFSSelectsFiles(t *testing.T) {
+	// Every file whose name does not start with a dot is a rule file, as
+	// envoyproxy/ratelimit reads them: a ConfigMap key such as
+	// "ratelimit-config" is not skipped silently.
 	fsys := fstest.MapFS{
-		"config/a.yaml":          {Data: []byte("domain: a\n")},
-		"config/b.yml":           {Data: []byte("domain: b\n")},
-		"config/team/c.yaml":     {Data: []byte("domain: c\n")},
-		"config/README.txt":      {Data: []byte("not yaml: [")},
-		"config/a.yaml.bak":      {Data: []byte("not yaml: [")},
-		"config/.hidden.yaml":    {Data: []byte("not yaml: [")},
-		"config/.git/x.yaml":     {Data: []byte("not yaml: [")},
-		"config/..data/a.yaml":   {Data: []byte("domain: a\n")},
-		"config/team/.old.yml":   {Data: []byte("not yaml: [")},
-		"elsewhere/other.yaml":   {Data: []byte("not yaml: [")},
-		"config/yaml":            {Data: []byte("not yaml: [")},
-		"config/notes.yaml.orig": {Data: []byte("not yaml: [")},
+		"config/a.yaml":            {Data: []byte("domain: a\n")},
+		"config/b.yml":             {Data: []byte("domain: b\n")},
+		"config/team/c.yaml":       {Data: []byte("domain: c\n")},
+		"config/ratelimit-config":  {Data: []byte("domain: d\n")},
+		"config/e.json":            {Data: []byte(`{"domain": "e"}`)},
+		"config/.hidden.yaml":      {Data: []byte("not yaml: [")},
+		"config/.git/x.yaml":       {Data: []byte("not yaml: [")},
+		"config/..data/a.yaml":     {Data: []byte("domain: a\n")},
+		"config/team/.old.yml":     {Data: []byte("not yaml: [")},
+		"elsewhere/other.yaml":     {Data: []byte("not yaml: [")},
+		"elsewhere/ratelimit.conf": {Data: []byte("not yaml: [")},
 	}
-	s, err := LoadFS(fsys, "config")
+	s, err := LoadFS(fsys, "config", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Domains(); !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
-		t.Errorf("Domains() = %v, want [a b c]", got)
+	if got := s.Domains(); !reflect.DeepEqual(got, []string{"a", "b", "c", "d", "e"}) {
+		t.Errorf("Domains() = %v, want [a b c d e]", got)
 	}
-	_, err = LoadFS(fsys, "missing")
+	// A stray file that is not a rule file is refused loudly, not skipped.
+	fsys["config/README.txt"] = &fstest.MapFile{Data: []byte("not yaml: [")}
+	if _, err := LoadFS(fsys, "config", Options{}); err == nil || !strings.Contains(err.Error(), "config/README.txt") {
+		t.Errorf("a stray README.txt: %v, want an error naming it", err)
+	}
+	_, err = LoadFS(fsys, "missing", Options{})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing dir: %v, want fs.ErrNotExist", err)
+	}
+}
+
+// TestMergeDomains ports envoyproxy/ratelimit's merge_domain_key1.yaml and
+// merge_domain_key2.yaml (test/config, Apache-2.0): with MergeDomains a
+// domain split across files is one domain, a descriptor defined in two
+// files is still refused; without it the second definition is refused.
+func TestMergeDomains(t *testing.T) {
+	key1 := File{Name: "merge_domain_key1.yaml", Data: []byte(`domain: test-domain
+descriptors:
+  - key: key1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+`)}
+	key2 := File{Name: "merge_domain_key2.yaml", Data: []byte(`domain: test-domain
+descriptors:
+  - key: key2
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+`)}
+	again := File{Name: "again.yaml", Data: []byte("domain: test-domain\ndescriptors:\n  - key: key1\n    rate_limit: {unit: second, requests_per_unit: 1}\n")}
+
+	s, err := Parse([]File{key1, key2}, Options{MergeDomains: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]uint32{"key1": 10, "key2": 20} {
+		r := s.Match("test-domain", []Entry{{Key: key, Value: "x"}})
+		if r == nil || len(r.Limits) != 1 || r.Limits[0].RequestsPerUnit != want || r.ID != "test-domain."+key {
+			t.Errorf("%s: %+v, want %d/min", key, r, want)
+		}
+	}
+	if got := s.Domains(); !reflect.DeepEqual(got, []string{"test-domain"}) {
+		t.Errorf("Domains() = %v", got)
+	}
+
+	for _, tt := range []struct {
+		name  string
+		files []File
+		opts  Options
+		want  string
+	}{
+		{"not merged", []File{key1, key2}, Options{}, "merge_domain_key2.yaml:1: duplicate domain 'test-domain' in config file (first defined at merge_domain_key1.yaml:1)"},
+		{"merged, duplicate key", []File{key1, key2, again}, Options{MergeDomains: true}, "again.yaml:3: duplicate descriptor composite key 'test-domain.key1' (first at merge_domain_key1.yaml:3)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(tt.files, tt.opts)
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("error %v, want %q", err, tt.want)
+			}
+		})
 	}
 }
 
@@ -255,7 +315,7 @@ func TestLoadKubernetesConfigMap(t *testing.T) {
 	// A symlink to a directory is not followed.
 	must(t, os.Symlink(ts, filepath.Join(dir, "linked.yaml")))
 
-	s, err := Load(dir)
+	s, err := Load(dir, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +328,7 @@ func TestLoadKubernetesConfigMap(t *testing.T) {
 	// with the errors of the other files.
 	must(t, os.Symlink("nowhere.yaml", filepath.Join(dir, "dangling.yaml")))
 	must(t, os.WriteFile(filepath.Join(dir, "zz.yaml"), []byte("domain: \"\"\n"), 0o644))
-	_, err = Load(dir)
+	_, err = Load(dir, Options{})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("dangling symlink: %v, want fs.ErrNotExist inside", err)
 	}
@@ -283,12 +343,12 @@ func TestLoadKubernetesConfigMap(t *testing.T) {
 func TestLoadReportsFullPath(t *testing.T) {
 	dir := t.TempDir()
 	must(t, os.WriteFile(filepath.Join(dir, "bad.yml"), []byte("domain: d\ndescriptors:\n  - key: a\n    ratelimit: {}\n"), 0o644))
-	_, err := Load(dir)
+	_, err := Load(dir, Options{})
 	errs := unwrapErrors(t, err)
 	if len(errs) != 1 || errs[0].File != filepath.Join(dir, "bad.yml") || errs[0].Line != 4 {
 		t.Errorf("Load: %v", err)
 	}
-	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := Load(filepath.Join(dir, "missing"), Options{}); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing dir: %v", err)
 	}
 }
@@ -332,7 +392,7 @@ func TestParseHostileYAML(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse([]File{{Name: "x.yaml", Data: []byte(tt.input)}})
+			_, err := Parse([]File{{Name: "x.yaml", Data: []byte(tt.input)}}, Options{})
 			errs := unwrapErrors(t, err)
 			if len(errs) == 0 || errs[0].Error() != tt.first {
 				t.Fatalf("first error = %v, want %q", err, tt.first)

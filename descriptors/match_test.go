@@ -64,7 +64,7 @@ descriptors:
 
 func mustParse(t testing.TB, files ...File) *Set {
 	t.Helper()
-	s, err := Parse(files)
+	s, err := Parse(files, Options{})
 	if err != nil {
 		t.Fatalf("Parse: %v", err)
 	}
@@ -374,7 +374,7 @@ func BenchmarkParse(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Parse([]File{{Name: "bench.yaml", Data: data}}); err != nil {
+		if _, err := Parse([]File{{Name: "bench.yaml", Data: data}}, Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -32,7 +32,7 @@ func TestDocExamples(t *testing.T) {
 			default:
 				continue // an Envoy or Kubernetes example, checked in package examples
 			}
-			if _, err := Parse([]File{{Name: "example.yaml", Data: []byte(text)}}); err != nil {
+			if _, err := Parse([]File{{Name: "example.yaml", Data: []byte(text)}}, Options{}); err != nil {
 				t.Errorf("%s, YAML example %d: %v\n%s", path, i+1, err, text)
 			}
 			parsed++

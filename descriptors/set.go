@@ -40,6 +40,26 @@ type wildcardChild struct {
 	node    *node
 }
 
+// child returns the child of n defined with exactly this key and value (a
+// pattern compares as written), or nil.
+func (n *node) child(key, value string) *node {
+	g := n.children[key]
+	switch {
+	case g == nil:
+		return nil
+	case value == "":
+		return g.any
+	case isWildcard(value):
+		for _, w := range g.wildcard {
+			if p := w.node.rule.Path; p[len(p)-1].Value == value {
+				return w.node
+			}
+		}
+		return nil
+	}
+	return g.exact[value]
+}
+
 // Match returns the rule for one request descriptor of the domain, or nil
 // when no rule limits it: unknown domain, no matching path, a request deeper
 // or shallower than the rule, or a matching node that carries no limit (a

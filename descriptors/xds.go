@@ -11,8 +11,8 @@ import (
 // envoyproxy/ratelimit's xDS API has: key, value, rate_limit (unit,
 // requests_per_unit, unlimited, name, replaces), descriptors, shadow_mode and
 // detailed_metric; the YAML extensions are not available over xDS.
-func FromProto(cfgs []*rlsconfv3.RateLimitConfig) (*Set, error) {
-	b := newBuilder()
+func FromProto(cfgs []*rlsconfv3.RateLimitConfig, opts Options) (*Set, error) {
+	b := newBuilder(opts)
 	for _, cfg := range cfgs {
 		if cfg == nil {
 			continue

@@ -29,7 +29,7 @@ func TestFromProto(t *testing.T) {
 			nil,
 		},
 	}, nil}
-	s, err := FromProto(cfgs)
+	s, err := FromProto(cfgs, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestFromProtoErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := FromProto(tt.cfgs)
+			s, err := FromProto(tt.cfgs, Options{})
 			if s != nil {
 				t.Error("a Set was returned with errors")
 			}

@@ -113,9 +113,12 @@ func (r *reader) parserError(err error) {
 		if parserProblems[msg] {
 			line++
 		}
-		msg = "yaml: " + msg
+		msg = fmt.Sprintf("yaml: line %d: %s", line, msg)
 	}
 	r.errorf(line, "error loading config file: %s", msg)
+	if e, ok := r.errs[len(r.errs)-1].(*Error); ok && line > 0 {
+		e.lineInReason = true
+	}
 }
 
 // parseYAML reads one rule file. The rawFile is nil when the file could not

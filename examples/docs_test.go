@@ -35,7 +35,7 @@ func TestReadmeIsShort(t *testing.T) {
 	}
 	_, rest, _ := strings.Cut(text, "```sh\n")
 	first, _, _ := strings.Cut(rest, "```")
-	if first != "go run ./cmd/ratelimit\nmake test\n" {
+	if first != "EXAMPLE_RULES=true go run ./cmd/ratelimit\nmake test\n" {
 		t.Errorf("the README's first commands are %q, want the run and test commands", first)
 	}
 }

@@ -27,7 +27,7 @@ func readFile(t *testing.T, path string) []byte {
 
 func loadRules(t *testing.T, dir string) *descriptors.Set {
 	t.Helper()
-	set, err := descriptors.Load(filepath.FromSlash(dir))
+	set, err := descriptors.Load(filepath.FromSlash(dir), descriptors.Options{})
 	if err != nil {
 		t.Fatalf("rules in %s: %v", dir, err)
 	}
@@ -174,7 +174,7 @@ func TestRulesBreakageCaught(t *testing.T) {
 				t.Fatalf("mutation anchor %q found %d times; fix the test", tt.old, strings.Count(orig, tt.old))
 			}
 			*tt.file = strings.Replace(orig, tt.old, tt.new, 1)
-			set, err := descriptors.Parse([]descriptors.File{{Name: "edge.yaml", Data: []byte(edge)}, {Name: "breaker.yaml", Data: []byte(breaker)}})
+			set, err := descriptors.Parse([]descriptors.File{{Name: "edge.yaml", Data: []byte(edge)}, {Name: "breaker.yaml", Data: []byte(breaker)}}, descriptors.Options{})
 			if err != nil {
 				t.Fatalf("mutated rules do not load: %v", err)
 			}

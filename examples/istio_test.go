@@ -181,7 +181,7 @@ func istioExample(files map[string][]byte) (*istioGateway, error) {
 			}
 		}
 	}
-	set, err := descriptors.Parse(ruleFiles)
+	set, err := descriptors.Parse(ruleFiles, descriptors.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("rules in the ConfigMap: %w", err)
 	}

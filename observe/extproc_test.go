@@ -132,7 +132,7 @@ func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 		t.Fatal(err)
 	}
 	e.reg = reg
-	e.set, err = descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}})
+	e.set, err = descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}}, descriptors.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

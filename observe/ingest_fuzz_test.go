@@ -33,7 +33,7 @@ func fuzzRegistry(f *testing.F) *breaker.Registry {
 	if err != nil {
 		f.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}})
+	set, err := descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}}, descriptors.Options{})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	store := newTestStore(b, st, Options{HealthInterval: time.Hour})
 	waitHealthy(b, store)
 	rt := countRoundTrips(store)
-	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(benchRules)}})
+	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(benchRules)}}, descriptors.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

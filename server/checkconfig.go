@@ -3,32 +3,30 @@ package server
 import (
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
-	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
 
 // CheckConfig validates the rule directory dir offline, exactly as a server
-// with settings would load it (including the window layout of every limit
-// under WINDOW_BUCKETS). It writes every error to w, one per line as
-// "file:line: reason", or a one-line summary when the rules are valid, and
-// reports whether they are.
+// with settings would load it: the same loader options (MERGE_DOMAIN_CONFIG)
+// and the same check (ruleTargets.CheckRules on a service and breaker
+// registry built from settings, so WINDOW_BUCKETS, RESPONSE_DYNAMIC_METADATA
+// and every other setting that can refuse a rule apply). It writes every
+// error to w, one per line as "file:line: reason", or a one-line summary
+// when the rules are valid, and reports whether they are.
 func CheckConfig(dir string, settings config.Settings, w io.Writer) bool {
-	set, err := descriptors.Load(dir)
+	set, err := descriptors.Load(dir, ruleOptions(settings))
 	if err == nil {
-		var svc *service.Service
-		svc, err = service.New(service.Options{
-			Limiter:        window.NewStore(window.StoreOptions{}),
-			Registry:       prometheus.NewRegistry(),
-			DefaultBuckets: settings.WindowBuckets,
-			NearLimitRatio: settings.NearLimitRatio,
-		})
+		var targets ruleTargets
+		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), window.NewMonotonicClock(),
+			prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err == nil {
-			err = svc.CheckRules(set)
+			err = targets.CheckRules(set)
 		}
 	}
 	if err != nil {

@@ -2,7 +2,10 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -128,43 +131,57 @@ func TestJSONEndpoint(t *testing.T) {
 
 func TestUnavailableWithoutRules(t *testing.T) {
 	for _, backend := range []string{config.BackendMemory, config.BackendRedis} {
-		t.Run(backend, func(t *testing.T) { unavailableWithoutRules(t, backend) })
+		for _, requireRules := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=%t", backend, requireRules), func(t *testing.T) {
+				unavailableWithoutRules(t, backend, requireRules)
+			})
+		}
 	}
 }
 
 // unavailableWithoutRules: a rule set that does not load at start-up: the
-// server runs, NOT_SERVING (on Redis too, once the backend is seen up), and
-// every call is Unavailable until the rules are fixed.
-func unavailableWithoutRules(t *testing.T, backend string) {
-	mod := func(*config.Settings) {}
+// server runs and every call is Unavailable until the rules are fixed.
+// Health is upstream's: SERVING all along by default; with
+// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED NOT_SERVING (on Redis too, once
+// the backend is seen up) until the rules load.
+func unavailableWithoutRules(t *testing.T, backend string, requireRules bool) {
+	var redisAddr string
 	if backend == config.BackendRedis {
-		r := redistest.Start(t)
-		mod = func(s *config.Settings) {
+		redisAddr = redistest.Start(t).Addr()
+	}
+	mod := func(s *config.Settings) {
+		s.HealthyWithAtLeastOneConfigLoaded = requireRules
+		if redisAddr != "" {
 			s.BackendType = config.BackendRedis
-			s.Redis.URL = r.Addr()
+			s.Redis.URL = redisAddr
 			s.Redis.Timeout = 2 * time.Second
 		}
 	}
 	ts := start(t, map[string]string{"bad.yaml": "domain: test\ndescriptors:\n  - key: user\n    ratelimit: {unit: second}\n"}, mod)
 	cc := ts.conn(t)
+	want, wantHTTP := healthpb.HealthCheckResponse_SERVING, http.StatusOK
+	if requireRules {
+		want, wantHTTP = healthpb.HealthCheckResponse_NOT_SERVING, http.StatusInternalServerError
+	}
 	if backend == config.BackendRedis {
 		eventually(t, "the backend health check to see Redis up", func() bool {
 			return metricValue(t, ts, "leapgate_redis_up") == "1"
 		})
+		eventually(t, "health to follow the backend", func() bool { return healthStatus(t, cc, "") == want })
 		// The server re-reads the backend's health every 250 ms: through
-		// four of its rounds with Redis up, the missing rules keep it
-		// NOT_SERVING.
+		// four of its rounds with Redis up, the health stays as the
+		// policy says.
 		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-			if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
-				t.Fatalf("health with Redis up and no rules = %v, want NOT_SERVING", got)
+			if got := healthStatus(t, cc, ""); got != want {
+				t.Fatalf("health with Redis up and no rules = %v, want %v", got, want)
 			}
 		}
 	}
-	if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Errorf("health = %v, want NOT_SERVING", got)
+	if got := healthStatus(t, cc, ""); got != want {
+		t.Errorf("health = %v, want %v", got, want)
 	}
-	if code, _ := get(t, ts.httpURL("/healthcheck")); code != http.StatusInternalServerError {
-		t.Errorf("/healthcheck = %d, want 500", code)
+	if code, _ := get(t, ts.httpURL("/healthcheck")); code != wantHTTP {
+		t.Errorf("/healthcheck = %d, want %d", code, wantHTTP)
 	}
 	_, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"}))
 	if status.Code(err) != codes.Unavailable {
@@ -173,24 +190,42 @@ func unavailableWithoutRules(t *testing.T, backend string) {
 	if code, body := post(t, ts.httpURL("/json"), `{"domain":"test","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}`); code != http.StatusServiceUnavailable {
 		t.Errorf("/json = %d %q, want 503", code, body)
 	}
-	if got := metricValue(t, ts, "ratelimit_config_load_error_total"); got != "1" {
+	if got := metricValue(t, ts, "ratelimit_service_config_load_error"); got != "1" {
 		t.Errorf("config_load_error = %q, want 1", got)
 	}
 
 	writeRules(t, ts.ruleDir, "bad.yaml", limitRules)
-	eventually(t, "SERVING after the rules are fixed", func() bool {
-		return healthStatus(t, cc, "") == healthpb.HealthCheckResponse_SERVING
+	eventually(t, "the fixed rules to load", func() bool {
+		return metricValue(t, ts, "ratelimit_service_config_load_success") == "1"
 	})
+	if got := healthStatus(t, cc, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health after fix = %v, want SERVING", got)
+	}
 	if code, _ := get(t, ts.httpURL("/healthcheck")); code != http.StatusOK {
 		t.Errorf("/healthcheck after fix = %d, want 200", code)
 	}
 	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "a"})); err != nil {
 		t.Errorf("ShouldRateLimit after fix: %v", err)
 	}
+
+	// A reload that leaves no domain: NOT_SERVING only when the policy
+	// asks for a loaded domain.
+	if err := os.Remove(filepath.Join(ts.ruleDir, "bad.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the empty rule set to load", func() bool {
+		return metricValue(t, ts, "ratelimit_service_config_load_success") == "2"
+	})
+	if got := healthStatus(t, cc, ""); got != want {
+		t.Errorf("health with no domain loaded = %v, want %v", got, want)
+	}
 }
 
-func TestEmbeddedDefaultRules(t *testing.T) {
+// TestExampleRules: EXAMPLE_RULES=true serves the embedded example rules,
+// whatever the rule directory.
+func TestExampleRules(t *testing.T) {
 	s := settingsFor(t.TempDir() + "/does/not/exist")
+	s.ExampleRules = true
 	ts := startWith(t, s)
 	if got := healthStatus(t, ts.conn(t), ""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health = %v, want SERVING on the embedded rules", got)
@@ -211,6 +246,22 @@ func TestEmbeddedDefaultRules(t *testing.T) {
 	}
 }
 
+// TestMissingRuleDirectory: without EXAMPLE_RULES a rule directory that
+// does not exist (a typo, an unmounted ConfigMap) stops start-up with an
+// error naming it and the settings, rather than serving anything.
+func TestMissingRuleDirectory(t *testing.T) {
+	dir := t.TempDir() + "/does/not/exist"
+	_, err := server.New(settingsFor(dir), testLogger(t))
+	if err == nil {
+		t.Fatal("server.New with a missing rule directory succeeded")
+	}
+	for _, want := range []string{dir, "RUNTIME_ROOT", "EXAMPLE_RULES=true"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+}
+
 func TestMetricsEndpoint(t *testing.T) {
 	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
 	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "alice"})); err != nil {
@@ -222,12 +273,15 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	for _, want := range []string{
 		`leapgate_grpc_server_handling_seconds_count{code="OK",method="/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"} 1`,
-		"ratelimit_config_load_success_total 1",
-		"ratelimit_config_load_error_total 0",
+		"ratelimit_service_config_load_success 1",
 		"leapgate_memory_keys 1",
 		"go_goroutines ",
 		"process_start_time_seconds ",
 		"ratelimit_service_rate_limit_total_hits",
+		// envoyproxy/ratelimit's own names, for its users' dashboards.
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 1`,
+		`ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 1`,
+		"ratelimit_service_config_load_error 0",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -15,33 +15,52 @@ import (
 var healthServices = []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"}
 
 // healthState is the one serving flag behind both the gRPC health service
-// and HTTP /healthcheck. It starts NOT_SERVING; once shut down it stays
-// NOT_SERVING whatever set is called with. It reports SERVING while the
-// rules are loaded (set) and the backend can answer (setBackend).
+// and HTTP /healthcheck. Once shut down it stays NOT_SERVING whatever else
+// is reported. Otherwise it is SERVING while the backend can answer
+// (setBackend) and what the rules must satisfy holds (see healthPolicy);
+// with the zero policy that is from the start, as envoyproxy/ratelimit.
 type healthState struct {
-	grpc *health.Server
+	grpc   *health.Server
+	policy healthPolicy
 
 	mu          sync.Mutex
 	serving     bool // what is published
-	rules       bool // set(true) was called: rules are loaded
+	loaded      bool // some rule set has been put into service
+	domains     bool // the rule set in service defines at least one domain
 	backendDown bool // setBackend(false): the backend cannot answer
 	shutdown    bool
 }
 
-func newHealthState() *healthState {
-	h := &healthState{grpc: health.NewServer()}
+// healthPolicy is what the rules must satisfy for the service to be
+// healthy.
+type healthPolicy struct {
+	// needDomains (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED): a rule set
+	// with at least one domain is in service.
+	needDomains bool
+	// needFirstLoad (xDS without FORCE_START_WITHOUT_INITIAL_CONFIG): some
+	// rule set has been put into service since start-up.
+	needFirstLoad bool
+}
+
+// newHealthState returns a health state under policy, published (gRPC
+// statuses set) at once.
+func newHealthState(policy healthPolicy) *healthState {
+	h := &healthState{grpc: health.NewServer(), policy: policy}
 	for _, name := range healthServices {
 		h.grpc.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
+	h.mu.Lock()
+	h.publish()
+	h.mu.Unlock()
 	return h
 }
 
-// set reports whether the rules can serve: SERVING or NOT_SERVING (if the
-// backend is up), unless the server is shutting down.
-func (h *healthState) set(serving bool) {
+// setRules reports a rule set put into service, and whether it defines any
+// domain.
+func (h *healthState) setRules(domains bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.rules = serving
+	h.loaded, h.domains = true, domains
 	h.publish()
 }
 
@@ -67,9 +86,12 @@ func (h *healthState) watchBackend(ctx context.Context, healthy func() bool, int
 	}
 }
 
-// publish makes the gRPC statuses follow rules and backend (h.mu held).
+// publish makes the gRPC statuses follow the policy, the rules and the
+// backend (h.mu held).
 func (h *healthState) publish() {
-	serving := h.rules && !h.backendDown
+	serving := !h.backendDown &&
+		(h.loaded || !h.policy.needFirstLoad) &&
+		(h.domains || !h.policy.needDomains)
 	if h.shutdown || h.serving == serving {
 		return
 	}

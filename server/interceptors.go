@@ -8,6 +8,7 @@ import (
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,11 +19,19 @@ import (
 // serverMetrics are the metrics of the listeners themselves (the service
 // registers its per-rule metrics on the same registry).
 type serverMetrics struct {
-	grpcDuration  *prometheus.HistogramVec
+	grpcDuration *prometheus.HistogramVec
+	// rlsRequests and rlsDuration are envoyproxy/ratelimit's metrics of
+	// ShouldRateLimit calls, by its names (its statsd exporter mapping),
+	// labelled grpc_method="ShouldRateLimit".
+	rlsRequests   prometheus.Counter
+	rlsDuration   prometheus.Observer
 	panics        *prometheus.CounterVec
 	configSuccess prometheus.Counter
 	configError   prometheus.Counter
-	connLimited   *prometheus.CounterVec
+	// xdsRepeatedRejections counts xDS responses refused for the same
+	// reason as the one before (logged once; see subscribe).
+	xdsRepeatedRejections prometheus.Counter
+	connLimited           *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
@@ -39,19 +48,35 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 			Help: "Panics recovered in request handlers; the call failed with Internal (HTTP 500) and the process kept serving.",
 		}, []string{"handler"}),
 		configSuccess: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_config_load_success_total",
+			Name: "ratelimit_service_config_load_success",
 			Help: "Rule sets loaded and put into service (start-up and reloads).",
 		}),
 		configError: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ratelimit_config_load_error_total",
+			Name: "ratelimit_service_config_load_error",
 			Help: "Rule set loads rejected; the last good rules kept serving.",
 		}),
+		xdsRepeatedRejections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_xds_repeated_rejections_total",
+			Help: "xDS responses rejected for the same reason as the response before (logged once, counted here and in ratelimit_service_config_load_error).",
+		}),
 	}
+	rlsRequests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_service_total_requests",
+		Help: "ShouldRateLimit calls (envoyproxy/ratelimit's name; leapgate_grpc_server_handling_seconds has every method and status).",
+	}, []string{"grpc_method"})
+	rlsDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ratelimit_service_response_time_seconds",
+		Help:    "Time to answer a ShouldRateLimit call (envoyproxy/ratelimit's name).",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 4, 9),
+	}, []string{"grpc_method"})
+	m.rlsRequests = rlsRequests.WithLabelValues("ShouldRateLimit")
+	m.rlsDuration = rlsDuration.WithLabelValues("ShouldRateLimit")
+	reg.MustRegister(rlsRequests, rlsDuration)
 	m.connLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "leapgate_http_connections_limited_total",
 		Help: "Connections that waited in the accept queue because the listener held HTTP_MAX_CONNECTIONS.",
 	}, []string{"listener"})
-	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.connLimited)
+	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.xdsRepeatedRejections, m.connLimited)
 	return m
 }
 
@@ -71,7 +96,12 @@ func recoverTo(err *error, handler string, logger *slog.Logger, m *serverMetrics
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {
-		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
+		took := time.Since(start).Seconds()
+		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(took)
+		if info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+			s.metrics.rlsRequests.Inc()
+			s.metrics.rlsDuration.Observe(took)
+		}
 	}()
 	defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
 	return handler(ctx, req)

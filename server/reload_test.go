@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -55,7 +56,7 @@ func TestReloadPlainEditKeepsCounters(t *testing.T) {
 	if st := callUser(t, client, "alice"); st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("fourth call: %v, want OVER_LIMIT", st)
 	}
-	if got := metricValue(t, ts, "ratelimit_config_load_success_total"); got == "1" || got == "" {
+	if got := metricValue(t, ts, "ratelimit_service_config_load_success"); got == "1" || got == "" {
 		t.Errorf("config_load_success = %q, want more than 1 after a reload", got)
 	}
 
@@ -73,7 +74,7 @@ func TestReloadBadFileKeepsLastGoodRules(t *testing.T) {
 	// An unknown unit in a second file: the whole set is rejected.
 	writeRules(t, ts.ruleDir, "broken.yaml", "domain: other\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n")
 	eventually(t, "config_load_error to count the bad file", func() bool {
-		return metricValue(t, ts, "ratelimit_config_load_error_total") == "1"
+		return metricValue(t, ts, "ratelimit_service_config_load_error") == "1"
 	})
 	if _, body := get(t, ts.debugURL("/rlconfig")); strings.Contains(body, "other.") || !strings.Contains(body, "requests_per_unit=2") {
 		t.Errorf("rules after a bad file:\n%s", body)
@@ -124,7 +125,7 @@ func TestReloadConfigMapSymlinkSwap(t *testing.T) {
 	if st := callUser(t, ts.rls(t), "alice"); st.GetCurrentLimit().GetRequestsPerUnit() != 7 {
 		t.Errorf("after the swap: %v", st)
 	}
-	if got := metricValue(t, ts, "ratelimit_config_load_error_total"); got != "0" {
+	if got := metricValue(t, ts, "ratelimit_service_config_load_error"); got != "0" {
 		t.Errorf("config_load_error = %q during a ConfigMap swap, want 0", got)
 	}
 }
@@ -136,7 +137,7 @@ func TestReloadAfterTheDirectoryIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the failed reload of the missing directory", func() bool {
-		return metricValue(t, ts, "ratelimit_config_load_error_total") == "1"
+		return metricValue(t, ts, "ratelimit_service_config_load_error") == "1"
 	})
 	if st := callUser(t, client, "alice"); st.GetCurrentLimit().GetRequestsPerUnit() != 2 {
 		t.Errorf("with the directory gone: %v, want the last good rules", st)
@@ -156,7 +157,7 @@ func TestReloadRefusedByTheServiceKeepsLastGoodRules(t *testing.T) {
 	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=2")
 	writeRules(t, ts.ruleDir, "odd.yaml", "domain: odd\ndescriptors:\n  - key: k\n    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: time_buckets}\n")
 	eventually(t, "config_load_error to count the refused set", func() bool {
-		return metricValue(t, ts, "ratelimit_config_load_error_total") == "1"
+		return metricValue(t, ts, "ratelimit_service_config_load_error") == "1"
 	})
 	if _, body := get(t, ts.debugURL("/rlconfig")); strings.Contains(body, "odd.") || !strings.Contains(body, "requests_per_unit=2") {
 		t.Errorf("rules after a set the service refused:\n%s", body)
@@ -164,4 +165,36 @@ func TestReloadRefusedByTheServiceKeepsLastGoodRules(t *testing.T) {
 	if got := healthStatus(t, ts.conn(t), ""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health = %v, want SERVING", got)
 	}
+}
+
+// TestRuntimeRootSwap: with RUNTIME_WATCH_ROOT (the default) replacing
+// RUNTIME_ROOT itself, the symlink swap of a Lyft-style deploy, reloads the
+// rules from the new target, whose directory is watched from then on.
+func TestRuntimeRootSwap(t *testing.T) {
+	base := t.TempDir()
+	rules := func(rpu int) string {
+		return fmt.Sprintf("domain: test\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", rpu)
+	}
+	writeRules(t, filepath.Join(base, "v1", "config"), "rules.yaml", rules(2))
+	writeRules(t, filepath.Join(base, "v2", "config"), "rules.yaml", rules(7))
+	root := filepath.Join(base, "current")
+	if err := os.Symlink(filepath.Join(base, "v1"), root); err != nil {
+		t.Fatal(err)
+	}
+	s := settingsFor(filepath.Join(root, "config"))
+	s.RuntimeRoot, s.RuntimeSubdirectory, s.RuntimeAppDirectory = root, "", "config"
+	ts := startWith(t, s)
+	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=2")
+
+	// The atomic swap: a new link renamed over the old one.
+	next := filepath.Join(base, "current.next")
+	if err := os.Symlink(filepath.Join(base, "v2"), next); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, root); err != nil {
+		t.Fatal(err)
+	}
+	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=7")
+	writeRules(t, filepath.Join(base, "v2", "config"), "rules.yaml", rules(9))
+	waitRules(t, ts, "test.user: unit=MINUTE requests_per_unit=9")
 }

@@ -5,22 +5,22 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/service"
+	"github.com/leapgate/leapgate/window"
 )
 
-// defaultRules is the example rule set served when the rule directory does
-// not exist.
+// defaultRules is the example rule set served with EXAMPLE_RULES=true.
 //
 //go:embed defaultrules
 var defaultRules embed.FS
@@ -38,23 +38,73 @@ type ruleSink interface {
 }
 
 // ruleTargets hands each rule set to the rate-limit service and the
-// circuit-breaker registry. The service checks it (the registry takes every
-// set the loader built).
+// circuit-breaker registry.
 type ruleTargets struct {
 	service  *service.Service
 	breakers *breaker.Registry
 }
 
-// CheckRules reports what the service could not serve.
+// newRuleTargets creates the circuit-breaker registry and the rate-limit
+// service that consults it, from settings: the one place that maps the
+// settings to them, for the server and for CheckConfig alike.
+func newRuleTargets(settings config.Settings, limiter window.Limiter, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
+	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
+	if err != nil {
+		return ruleTargets{}, fmt.Errorf("BREAKER_HEADERS: %w", err)
+	}
+	breakers, err := breaker.NewRegistry(breaker.Options{
+		Clock:   clock,
+		Logger:  logger,
+		Metrics: reg,
+		Mapping: breaker.Mapping{ClusterKey: settings.BreakerClusterKey, RouteKey: settings.BreakerRouteKey, Headers: headers},
+	})
+	if err != nil {
+		return ruleTargets{}, fmt.Errorf("creating the circuit-breaker registry: %w", err)
+	}
+	mode, err := service.ParseHeaderMode(settings.LimitResponseHeaders)
+	if err != nil {
+		return ruleTargets{}, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED: %w", err)
+	}
+	svc, err := service.New(service.Options{
+		Limiter:         limiter,
+		Breakers:        breakers,
+		Registry:        reg,
+		Logger:          logger,
+		ShadowMode:      settings.ShadowMode,
+		QuotaMode:       settings.QuotaMode,
+		RefusalHeaders:  settings.RefusalHeaders,
+		DefaultBuckets:  settings.WindowBuckets,
+		NearLimitRatio:  settings.NearLimitRatio,
+		ResponseHeaders: mode,
+		LimitHeader:     settings.LimitLimitHeader,
+		RemainingHeader: settings.LimitRemainingHeader,
+		ResetHeader:     settings.LimitResetHeader,
+		DynamicMetadata: settings.ResponseDynamicMetadata,
+		MaxDescriptors:  settings.MaxDescriptors,
+	})
+	if err != nil {
+		return ruleTargets{}, fmt.Errorf("creating the rate-limit service: %w", err)
+	}
+	return ruleTargets{service: svc, breakers: breakers}, nil
+}
+
+// ruleOptions are the descriptors options the settings ask for.
+func ruleOptions(settings config.Settings) descriptors.Options {
+	return descriptors.Options{MergeDomains: settings.MergeDomainConfig}
+}
+
+// CheckRules reports everything in set that the service or the breakers
+// could not serve: the one check every rule set passes before it serves,
+// and the check of `ratelimit check-config`.
 func (t ruleTargets) CheckRules(set *descriptors.Set) error {
-	return t.service.CheckRules(set)
+	return errors.Join(t.service.CheckRules(set), t.breakers.CheckRules(set))
 }
 
 // SetRules swaps set in: breakers first, so that the service never
 // consults a breaker rule the registry does not know yet. Rules with
 // unchanged breakers keep their state.
 func (t ruleTargets) SetRules(set *descriptors.Set) {
-	// Sets come from the loader, whose rule IDs are unique: nothing to skip.
+	// CheckRules passed: the registry refuses nothing.
 	_ = t.breakers.SetRules(set)
 	t.service.SetRules(set)
 }
@@ -62,18 +112,23 @@ func (t ruleTargets) SetRules(set *descriptors.Set) {
 // ruleLoader loads the rule directory into a ruleSink and keeps it current.
 type ruleLoader struct {
 	dir      string
+	opts     descriptors.Options
 	debounce time.Duration
 	sink     ruleSink
 	health   *healthState
 	metrics  *serverMetrics
 	logger   *slog.Logger
 
+	// root, when set (RUNTIME_WATCH_ROOT), is RUNTIME_ROOT: its parent is
+	// watched too, so that replacing root (a symlink swap) reloads.
+	root string
+
 	// xds, when set, is the rule source instead of dir
 	// (CONFIG_TYPE=GRPC_XDS_SOTW).
 	xds *config.XDS
 
-	// embedded is true when dir did not exist at start-up and the embedded
-	// example rules are serving; nothing is then watched.
+	// embedded is true when the embedded example rules serve
+	// (EXAMPLE_RULES); nothing is then watched.
 	embedded bool
 	// loaded is true once any rule set has been put into service.
 	loaded bool
@@ -81,21 +136,43 @@ type ruleLoader struct {
 	watcher *fsnotify.Watcher
 }
 
-// loadInitial loads the rules once at start-up. A missing directory selects
-// the embedded examples. A bad rule set is logged and leaves the server
-// NOT_SERVING (every call answers Unavailable) until a reload succeeds; it
-// is not fatal, so that a fixed ConfigMap heals the pod without a restart.
+// newRuleLoader returns the loader of the rule source settings choose.
+func newRuleLoader(settings config.Settings, sink ruleSink, health *healthState, metrics *serverMetrics, logger *slog.Logger) *ruleLoader {
+	l := &ruleLoader{
+		dir:      settings.ConfigDir(),
+		opts:     ruleOptions(settings),
+		debounce: settings.ReloadDebounce,
+		sink:     sink,
+		health:   health,
+		metrics:  metrics,
+		logger:   logger,
+		embedded: settings.ExampleRules,
+	}
+	if settings.RuntimeWatchRoot {
+		l.root = filepath.Clean(settings.RuntimeRoot)
+	}
+	if settings.XDS.ConfigType == config.SourceXDS {
+		l.xds = &settings.XDS
+	}
+	return l
+}
+
+// loadInitial loads the rules once at start-up: the embedded examples
+// (EXAMPLE_RULES), or the rule directory, which must exist. A bad rule set
+// is logged and leaves no rules in service (every call answers Unavailable)
+// until a reload succeeds; it is not fatal, so that a fixed ConfigMap heals
+// the pod without a restart.
 //
 // The directory is watched from before this first load, so that no change
 // between the load and Run is missed.
 func (l *ruleLoader) loadInitial() error {
 	if l.xds != nil {
-		l.logger.Info("rules come from xDS; NOT_SERVING until the first valid RateLimitConfig arrives",
+		l.logger.Info("rules come from xDS; calls answer Unavailable until the first valid RateLimitConfig arrives",
 			"server", l.xds.ServerURL, "node_id", l.xds.NodeID)
 		return nil
 	}
-	if _, err := os.Stat(l.dir); errors.Is(err, fs.ErrNotExist) {
-		set, err := descriptors.LoadFS(defaultRules, defaultRulesDir)
+	if l.embedded {
+		set, err := descriptors.LoadFS(defaultRules, defaultRulesDir, l.opts)
 		if err == nil {
 			err = l.sink.CheckRules(set)
 		}
@@ -103,12 +180,14 @@ func (l *ruleLoader) loadInitial() error {
 			// A broken embedded file is a build defect, caught by tests.
 			panic(fmt.Sprintf("server: embedded default rules do not load: %v", err))
 		}
-		l.embedded = true
-		l.logger.Warn("rule directory does not exist; serving the EMBEDDED EXAMPLE rules (domain \"example\"). "+
-			"Create the directory or set RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY to serve your own.",
+		l.logger.Warn("EXAMPLE_RULES=true: serving the EMBEDDED EXAMPLE rules (domain \"example\"), not the rule directory",
 			"rule_dir", l.dir)
 		l.apply(set)
 		return nil
+	}
+	if _, err := os.Stat(l.dir); err != nil {
+		return fmt.Errorf("rule directory %s (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY): %w; "+
+			"mount or create it, correct those settings, or set EXAMPLE_RULES=true to try the service with the embedded example rules", l.dir, err)
 	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -117,6 +196,12 @@ func (l *ruleLoader) loadInitial() error {
 	if err := w.Add(l.dir); err != nil {
 		w.Close()
 		return fmt.Errorf("watching rule directory %s: %w", l.dir, err)
+	}
+	if l.root != "" {
+		if err := w.Add(filepath.Dir(l.root)); err != nil {
+			w.Close()
+			return fmt.Errorf("watching the parent of RUNTIME_ROOT %s (RUNTIME_WATCH_ROOT=true): %w", l.root, err)
+		}
 	}
 	l.watcher = w
 	l.reload()
@@ -133,7 +218,7 @@ func (l *ruleLoader) close() {
 // reload loads the whole directory and, if every file is valid, swaps the
 // rules in; otherwise it logs each error and keeps the last good rules.
 func (l *ruleLoader) reload() bool {
-	set, err := descriptors.Load(l.dir)
+	set, err := descriptors.Load(l.dir, l.opts)
 	if err != nil {
 		l.reject(err)
 		return false
@@ -157,7 +242,7 @@ func (l *ruleLoader) reject(err error) {
 	l.metrics.configError.Inc()
 	msg := "rule set rejected; the last good rules keep serving"
 	if !l.loaded {
-		msg = "rule set rejected; no rules loaded: NOT_SERVING, every call answers Unavailable until the rules are fixed"
+		msg = "rule set rejected; no rules loaded: every call answers Unavailable until the rules are fixed"
 	}
 	for _, e := range flatten(err) {
 		l.logger.Error(msg, "source", l.source(), "error", e.Error())
@@ -176,7 +261,7 @@ func (l *ruleLoader) apply(set *descriptors.Set) {
 	l.sink.SetRules(set)
 	l.loaded = true
 	l.metrics.configSuccess.Inc()
-	l.health.set(true)
+	l.health.setRules(len(set.Domains()) > 0)
 	l.logger.Info("rules loaded", "source", l.source(), "embedded", l.embedded, "rules", len(set.Rules()))
 }
 
@@ -228,8 +313,25 @@ func (l *ruleLoader) watch(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
+			name := filepath.Clean(ev.Name)
+			if l.root != "" && filepath.Dir(name) == filepath.Dir(l.root) && name != dir {
+				if name != l.root {
+					continue // a neighbour of RUNTIME_ROOT
+				}
+				// RUNTIME_ROOT was replaced (a symlink swap): the rule
+				// directory is now another one; watch it instead.
+				l.logger.Info("RUNTIME_ROOT replaced; reloading", "runtime_root", l.root, "event", ev.String())
+				_ = w.Remove(l.dir)
+				if err := w.Add(l.dir); err != nil && rewatch == nil {
+					ticker = time.NewTicker(rewatchInterval)
+					rewatch = ticker.C
+					continue
+				}
+				timer.Reset(l.debounce)
+				continue
+			}
 			l.logger.Debug("rule directory changed", "event", ev.String())
-			if filepath.Clean(ev.Name) == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) && rewatch == nil {
+			if name == dir && ev.Has(fsnotify.Remove|fsnotify.Rename) && rewatch == nil {
 				l.logger.Warn("rule directory removed; the last good rules keep serving until it is back", "rule_dir", l.dir)
 				ticker = time.NewTicker(rewatchInterval)
 				rewatch = ticker.C

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -88,7 +89,10 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		settings: settings,
 		logger:   logger,
 		registry: prometheus.NewRegistry(),
-		health:   newHealthState(),
+		health: newHealthState(healthPolicy{
+			needDomains:   settings.HealthyWithAtLeastOneConfigLoaded,
+			needFirstLoad: settings.XDS.ConfigType == config.SourceXDS && !settings.ForceStartWithoutInitialConfig,
+		}),
 		stopping: make(chan struct{}),
 	}
 	s.registry.MustRegister(
@@ -99,6 +103,9 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	registerBuildInfo(s.registry, Build())
 	s.streams = newStreamGuard(settings.MaxObservationStreams, settings.ObservationStreamIdleTimeout, s.registry)
 
+	if settings.BackendReason() != "BACKEND_TYPE" {
+		logger.Warn(settings.BackendReason())
+	}
 	b, err := newBackend(settings, s.registry, logger)
 	if err != nil {
 		return nil, err
@@ -109,21 +116,13 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		limiter = o.wrapLimiter(limiter)
 	}
 	s.clock = window.NewMonotonicClock()
-	if err := s.buildService(settings, limiter); err != nil {
+	targets, err := newRuleTargets(settings, limiter, s.clock, s.registry, logger)
+	if err != nil {
 		b.close()
 		return nil, err
 	}
-	s.rules = &ruleLoader{
-		dir:      settings.ConfigDir(),
-		debounce: settings.ReloadDebounce,
-		sink:     ruleTargets{s.service, s.breakers},
-		health:   s.health,
-		metrics:  s.metrics,
-		logger:   logger,
-	}
-	if settings.XDS.ConfigType == config.SourceXDS {
-		s.rules.xds = &settings.XDS
-	}
+	s.service, s.breakers = targets.service, targets.breakers
+	s.rules = newRuleLoader(settings, targets, s.health, s.metrics, logger)
 	if err := s.rules.loadInitial(); err != nil {
 		b.close()
 		return nil, err
@@ -144,49 +143,6 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		return nil, err
 	}
 	return s, nil
-}
-
-// buildService creates the circuit-breaker registry and the rate-limit
-// service that consults it.
-func (s *Server) buildService(settings config.Settings, limiter window.Limiter) error {
-	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
-	if err != nil {
-		return fmt.Errorf("BREAKER_HEADERS: %w", err)
-	}
-	s.breakers, err = breaker.NewRegistry(breaker.Options{
-		Clock:   s.clock,
-		Logger:  s.logger,
-		Metrics: s.registry,
-		Mapping: breaker.Mapping{ClusterKey: settings.BreakerClusterKey, RouteKey: settings.BreakerRouteKey, Headers: headers},
-	})
-	if err != nil {
-		return fmt.Errorf("creating the circuit-breaker registry: %w", err)
-	}
-	mode, err := service.ParseHeaderMode(settings.LimitResponseHeaders)
-	if err != nil {
-		return fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED: %w", err)
-	}
-	s.service, err = service.New(service.Options{
-		Limiter:         limiter,
-		Breakers:        s.breakers,
-		Registry:        s.registry,
-		Logger:          s.logger,
-		ShadowMode:      settings.ShadowMode,
-		QuotaMode:       settings.QuotaMode,
-		RefusalHeaders:  settings.RefusalHeaders,
-		DefaultBuckets:  settings.WindowBuckets,
-		NearLimitRatio:  settings.NearLimitRatio,
-		ResponseHeaders: mode,
-		LimitHeader:     settings.LimitLimitHeader,
-		RemainingHeader: settings.LimitRemainingHeader,
-		ResetHeader:     settings.LimitResetHeader,
-		DynamicMetadata: settings.ResponseDynamicMetadata,
-		MaxDescriptors:  settings.MaxDescriptors,
-	})
-	if err != nil {
-		return fmt.Errorf("creating the rate-limit service: %w", err)
-	}
-	return nil
 }
 
 func (s *Server) buildGRPC() error {
@@ -255,7 +211,11 @@ func (s *Server) listen() error {
 		}
 		return ln
 	}
-	s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
+	if uds := s.settings.GRPCUDS; uds != "" {
+		s.grpcLn, err = listenUnix(uds)
+	} else {
+		s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
+	}
 	s.httpLn = s.limitConns(bind("HTTP", s.settings.HTTPAddr()), "http")
 	s.debugLn = s.limitConns(bind("debug", s.settings.DebugAddr()), "debug")
 	s.reportLn = s.limitConns(bind("report", s.settings.ReportAddr()), "report")
@@ -269,8 +229,27 @@ func (s *Server) listen() error {
 	return err
 }
 
+// listenUnix listens on the Unix domain socket path (GRPC_UDS), first
+// removing a socket file a previous process left there; any other file at
+// path is an error, never removed.
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("GRPC_UDS %s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("GRPC_UDS: removing the stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("gRPC listener on unix socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
 // GRPCAddr, HTTPAddr, DebugAddr and ReportAddr return the bound listener
-// addresses.
+// addresses (GRPCAddr is a *net.UnixAddr with GRPC_UDS).
 func (s *Server) GRPCAddr() net.Addr   { return s.grpcLn.Addr() }
 func (s *Server) HTTPAddr() net.Addr   { return s.httpLn.Addr() }
 func (s *Server) DebugAddr() net.Addr  { return s.debugLn.Addr() }

@@ -30,13 +30,20 @@ func (l *ruleLoader) subscribe(ctx context.Context, x config.XDS) error {
 	if err != nil {
 		return err
 	}
+	var lastRejected string
 	err = xds.Subscribe(ctx, xds.Options{
-		ServerURL:      x.ServerURL,
-		NodeID:         x.NodeID,
-		NodeMetadata:   metadata,
-		DialOptions:    dial,
-		BackoffInitial: x.BackoffInitial,
-		BackoffMax:     x.BackoffMax,
+		ServerURL:            x.ServerURL,
+		NodeID:               x.NodeID,
+		NodeMetadata:         metadata,
+		DialOptions:          dial,
+		Headers:              x.AdditionalHeaders,
+		MaxRecvMsgSize:       x.MaxMsgSize,
+		ConnectRetryInterval: x.ConnectRetryInterval,
+		BackoffInitial:       x.BackoffInitial,
+		BackoffMax:           x.BackoffMax,
+		Jitter:               x.BackoffJitter,
+		RandomFactor:         x.BackoffRandomFactor,
+		MergeDomains:         l.opts.MergeDomains,
 		// A set the service or the breakers cannot serve is NACKed with
 		// the reason, like one that does not convert.
 		Apply: func(set *descriptors.Set) error {
@@ -46,8 +53,17 @@ func (l *ruleLoader) subscribe(ctx context.Context, x config.XDS) error {
 			l.apply(set)
 			return nil
 		},
+		// go-control-plane re-sends a NACKed snapshot at once, over and
+		// over: a rejection is logged once, and its repeats only counted.
 		OnResult: func(err error) {
-			if err != nil {
+			switch {
+			case err == nil:
+				lastRejected = ""
+			case err.Error() == lastRejected:
+				l.metrics.configError.Inc()
+				l.metrics.xdsRepeatedRejections.Inc()
+			default:
+				lastRejected = err.Error()
 				l.reject(err)
 			}
 		},

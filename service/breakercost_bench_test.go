@@ -36,7 +36,7 @@ descriptors:
 //   - breaker_only: a value-less destination_cluster rule carrying only a
 //     circuit_breaker (one breaker per cluster), the stage-1 descriptor.
 func BenchmarkShouldRateLimitBreakerCost(b *testing.B) {
-	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(breakerBenchRules)}})
+	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(breakerBenchRules)}}, descriptors.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func mustParse(t testing.TB, docs ...string) *descriptors.Set {
 	for i, d := range docs {
 		files = append(files, descriptors.File{Name: "rules" + string(rune('a'+i)) + ".yaml", Data: []byte(d)})
 	}
-	set, err := descriptors.Parse(files)
+	set, err := descriptors.Parse(files, descriptors.Options{})
 	if err != nil {
 		t.Fatalf("parse rules: %v", err)
 	}

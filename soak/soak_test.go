@@ -397,14 +397,14 @@ func TestSoak(t *testing.T) {
 				return
 			case <-time.After(every):
 			}
-			before := metricSum(t, reg, "ratelimit_config_load_success_total")
-			beforeErr := metricSum(t, reg, "ratelimit_config_load_error_total")
+			before := metricSum(t, reg, "ratelimit_service_config_load_success")
+			beforeErr := metricSum(t, reg, "ratelimit_service_config_load_error")
 			if i == 3 {
 				writeAtomic(t, ruleDir, "rules.yaml", badRules)
 				if !poll(loadCtx, 5*time.Second, func() bool {
-					return metricSum(t, reg, "ratelimit_config_load_error_total") > beforeErr
+					return metricSum(t, reg, "ratelimit_service_config_load_error") > beforeErr
 				}) && loadCtx.Err() == nil {
-					t.Errorf("the bad rule file was not reported by ratelimit_config_load_error_total")
+					t.Errorf("the bad rule file was not reported by ratelimit_service_config_load_error")
 				}
 				// The last good rules still serve: the limit of a key is
 				// still the configured one.
@@ -423,7 +423,7 @@ func TestSoak(t *testing.T) {
 			}
 			writeAtomic(t, ruleDir, "rules.yaml", rulesVersion(keys, 1+i%2))
 			if !poll(loadCtx, 5*time.Second, func() bool {
-				return metricSum(t, reg, "ratelimit_config_load_success_total") > before
+				return metricSum(t, reg, "ratelimit_service_config_load_success") > before
 			}) && loadCtx.Err() == nil {
 				t.Errorf("rule version %d was not loaded", 1+i%2)
 			}
@@ -481,8 +481,8 @@ func TestSoak(t *testing.T) {
 		remaining[k.name] = resp.GetStatuses()[0].GetLimitRemaining()
 	}
 	panics := metricSum(t, reg, "leapgate_panics_recovered_total")
-	loadErrors := metricSum(t, reg, "ratelimit_config_load_error_total")
-	loadOK := metricSum(t, reg, "ratelimit_config_load_success_total")
+	loadErrors := metricSum(t, reg, "ratelimit_service_config_load_error")
+	loadOK := metricSum(t, reg, "ratelimit_service_config_load_success")
 
 	// Shutdown: Run must return nil, then every goroutine must end.
 	stopServer()
@@ -583,7 +583,7 @@ func TestSoak(t *testing.T) {
 
 	// Reloads: the bad file rejected once, every good version loaded.
 	if loadErrors != float64(reloads.bad.Load()) {
-		t.Errorf("ratelimit_config_load_error_total = %v, want %d (the bad file)", loadErrors, reloads.bad.Load())
+		t.Errorf("ratelimit_service_config_load_error = %v, want %d (the bad file)", loadErrors, reloads.bad.Load())
 	}
 	if reloads.good.Load() < 2 || reloads.bad.Load() != 1 {
 		t.Errorf("%d good and %d bad rule writes: the run was too short to exercise reloads", reloads.good.Load(), reloads.bad.Load())

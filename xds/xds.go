@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -19,6 +21,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
@@ -26,6 +29,13 @@ import (
 
 // TypeURL is the xDS type of the rate-limit rule resource.
 const TypeURL = resource.RateLimitConfigType
+
+// The delay before NACKing a response rejected for the same reason as the
+// one before: it starts at minRepeatDelay and doubles up to maxRepeatDelay.
+const (
+	minRepeatDelay = 50 * time.Millisecond
+	maxRepeatDelay = time.Second
+)
 
 // Options configures a subscription.
 type Options struct {
@@ -36,9 +46,33 @@ type Options struct {
 	NodeMetadata map[string]string
 	// DialOptions carry the transport credentials (TLS or insecure).
 	DialOptions []grpc.DialOption
-	// BackoffInitial and BackoffMax bound the delay between reconnection
-	// attempts; it doubles after each failure and resets after a response.
+	// Headers are sent as gRPC metadata on every ADS stream
+	// (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS), e.g. an authorization
+	// token the management server checks.
+	Headers map[string]string
+	// MaxRecvMsgSize, when positive, is the largest response accepted
+	// (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); 0 is gRPC's default, 4 MiB. Envoy
+	// Gateway sends every rule of a gateway in one response.
+	MaxRecvMsgSize int
+	// ConnectRetryInterval is the wait after an attempt that could not open
+	// a stream at all (CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL; 3s if
+	// 0), before jitter.
+	ConnectRetryInterval time.Duration
+	// BackoffInitial and BackoffMax bound the delay before re-opening a
+	// stream that ended after it had opened; it doubles after each such
+	// failure and resets after a response.
 	BackoffInitial, BackoffMax time.Duration
+	// Jitter, when true, spreads every wait uniformly over
+	// [d*(1-RandomFactor), d*(1+RandomFactor)] (capped at BackoffMax for
+	// the backoff), so that replicas do not reconnect in step
+	// (XDS_CLIENT_BACKOFF_JITTER, XDS_CLIENT_BACKOFF_RANDOM_FACTOR).
+	Jitter       bool
+	RandomFactor float64
+	// Rand returns a number in [0, 1) for the jitter; nil is math/rand/v2.
+	Rand func() float64
+	// MergeDomains merges resources that define the same domain, as
+	// MERGE_DOMAIN_CONFIG does for files (descriptors.Options).
+	MergeDomains bool
 	// Apply installs a converted rule set, or refuses it with the reason
 	// (for example rules the service cannot serve): a refused set is NACKed
 	// and the last good rules keep serving. It is called from the
@@ -46,7 +80,8 @@ type Options struct {
 	Apply func(*descriptors.Set) error
 	// OnResult, when set, is told the outcome of every response: nil for an
 	// applied (ACKed) one, the reason for a rejected (NACKed) one, whether
-	// it failed to convert or Apply refused it.
+	// it failed to convert or Apply refused it. It then owns reporting
+	// rejections; without it each is logged at error level.
 	OnResult func(err error)
 	// Logger receives connection and validation events.
 	Logger *slog.Logger
@@ -62,35 +97,67 @@ func Subscribe(ctx context.Context, opts Options) error {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	backoff := opts.BackoffInitial
-	if backoff <= 0 {
-		backoff = time.Second
+	initial := opts.BackoffInitial
+	if initial <= 0 {
+		initial = time.Second
 	}
-	maxBackoff := max(opts.BackoffMax, backoff)
+	maxBackoff := max(opts.BackoffMax, initial)
+	retry := opts.ConnectRetryInterval
+	if retry <= 0 {
+		retry = 3 * time.Second
+	}
+	backoff := initial
 	for {
-		received, err := stream(ctx, opts, logger)
+		opened, received, err := stream(ctx, opts, logger)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if received {
-			backoff = max(opts.BackoffInitial, time.Millisecond)
+			backoff = initial
 		}
-		logger.Warn("xds stream ended; reconnecting", "server", opts.ServerURL, "err", err, "in", backoff)
+		wait := retry
+		if opened {
+			wait = backoff
+			backoff = min(2*backoff, maxBackoff)
+		}
+		wait = opts.jitter(wait, maxBackoff)
+		logger.Warn("xds stream ended; reconnecting", "server", opts.ServerURL, "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, maxBackoff)
 	}
 }
 
-// stream runs one ADS stream until it fails. It reports whether any response
-// arrived, so that a server that answers resets the backoff.
-func stream(ctx context.Context, opts Options, logger *slog.Logger) (received bool, err error) {
-	conn, err := grpc.NewClient(opts.ServerURL, opts.DialOptions...)
+// jitter spreads d as Options.Jitter says, never above limit unless d is.
+func (opts Options) jitter(d, limit time.Duration) time.Duration {
+	if !opts.Jitter || opts.RandomFactor <= 0 {
+		return d
+	}
+	r := opts.Rand
+	if r == nil {
+		r = rand.Float64
+	}
+	f := min(opts.RandomFactor, 1)
+	j := time.Duration(float64(d) * (1 - f + 2*f*r()))
+	if j > limit && d <= limit {
+		j = limit
+	}
+	return j
+}
+
+// stream runs one ADS stream until it fails. It reports whether the stream
+// opened and whether any response arrived, so that a server that answers
+// resets the backoff.
+func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, received bool, err error) {
+	dial := opts.DialOptions
+	if opts.MaxRecvMsgSize > 0 {
+		dial = append(slices.Clip(dial), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)))
+	}
+	conn, err := grpc.NewClient(opts.ServerURL, dial...)
 	if err != nil {
-		return false, fmt.Errorf("dialling %s: %w", opts.ServerURL, err)
+		return false, false, fmt.Errorf("dialling %s: %w", opts.ServerURL, err)
 	}
 	defer conn.Close()
 	node := &corev3.Node{Id: opts.NodeID}
@@ -101,24 +168,31 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (received bo
 		}
 		md, err := structpb.NewStruct(fields)
 		if err != nil {
-			return false, fmt.Errorf("node metadata: %w", err)
+			return false, false, fmt.Errorf("node metadata: %w", err)
 		}
 		node.Metadata = md
 	}
 	streamCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if len(opts.Headers) > 0 {
+		streamCtx = metadata.NewOutgoingContext(streamCtx, metadata.New(opts.Headers))
+	}
 	client := sotw.NewADSClient(streamCtx, node, TypeURL)
 	if err := client.InitConnect(conn); err != nil {
-		return false, fmt.Errorf("opening ADS stream to %s: %w", opts.ServerURL, err)
+		return false, false, fmt.Errorf("opening ADS stream to %s: %w", opts.ServerURL, err)
 	}
 	logger.Info("xds stream open", "server", opts.ServerURL, "node", opts.NodeID)
+	var lastRejected string
+	var repeatDelay time.Duration
 	for {
 		resp, err := client.Fetch()
 		if err != nil {
-			return received, fmt.Errorf("receiving from %s: %w", opts.ServerURL, err)
+			// A stream the server never answered did not really open
+			// (an unreachable or refusing server fails here, not above).
+			return received, received, fmt.Errorf("receiving from %s: %w", opts.ServerURL, err)
 		}
 		received = true
-		set, err := convert(resp)
+		set, err := convert(resp, descriptors.Options{MergeDomains: opts.MergeDomains})
 		if err == nil {
 			err = opts.Apply(set)
 		}
@@ -126,21 +200,38 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (received bo
 			opts.OnResult(err)
 		}
 		if err != nil {
-			logger.Error("xds rules rejected; keeping the last good rules", "err", err)
+			if opts.OnResult == nil {
+				logger.Error("xds rules rejected; keeping the last good rules", "err", err)
+			}
+			// go-control-plane answers a NACK by sending the same
+			// resources again at once: NACK a repeat only after a delay
+			// that doubles up to maxRepeatDelay, so the loop costs little
+			// and a fixed snapshot still arrives within it.
+			if err.Error() == lastRejected {
+				repeatDelay = min(max(2*repeatDelay, minRepeatDelay), maxRepeatDelay)
+				select {
+				case <-ctx.Done():
+					return true, received, ctx.Err()
+				case <-time.After(repeatDelay):
+				}
+			} else {
+				lastRejected, repeatDelay = err.Error(), 0
+			}
 			if err := client.Nack(err.Error()); err != nil {
-				return received, fmt.Errorf("sending NACK: %w", err)
+				return true, received, fmt.Errorf("sending NACK: %w", err)
 			}
 			continue
 		}
+		lastRejected, repeatDelay = "", 0
 		logger.Info("xds rules applied", "resources", len(resp.Resources))
 		if err := client.Ack(); err != nil {
-			return received, fmt.Errorf("sending ACK: %w", err)
+			return true, received, fmt.Errorf("sending ACK: %w", err)
 		}
 	}
 }
 
 // convert unpacks and validates one state-of-the-world response.
-func convert(resp *sotw.Response) (*descriptors.Set, error) {
+func convert(resp *sotw.Response, opts descriptors.Options) (*descriptors.Set, error) {
 	cfgs := make([]*rlsconfv3.RateLimitConfig, 0, len(resp.Resources))
 	for i, res := range resp.Resources {
 		cfg := &rlsconfv3.RateLimitConfig{}
@@ -149,5 +240,5 @@ func convert(resp *sotw.Response) (*descriptors.Set, error) {
 		}
 		cfgs = append(cfgs, cfg)
 	}
-	return descriptors.FromProto(cfgs)
+	return descriptors.FromProto(cfgs, opts)
 }

@@ -17,6 +17,7 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/leapgate/leapgate/descriptors"
 )
@@ -31,6 +32,7 @@ type managementServer struct {
 
 	mu       sync.Mutex
 	requests []*discoverygrpc.DiscoveryRequest
+	streams  []metadata.MD // the incoming metadata of every stream opened
 	changed  chan struct{}
 }
 
@@ -42,6 +44,14 @@ func startManagementServer(t *testing.T, addr string) (*managementServer, string
 	}
 	m := &managementServer{cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil), changed: make(chan struct{}, 100)}
 	callbacks := serverv3.CallbackFuncs{
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+			md, _ := metadata.FromIncomingContext(ctx)
+			m.mu.Lock()
+			m.streams = append(m.streams, md)
+			m.mu.Unlock()
+			m.changed <- struct{}{}
+			return nil
+		},
 		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
 			m.mu.Lock()
 			m.requests = append(m.requests, req)
@@ -222,5 +232,100 @@ func TestSubscribeAppliesAcksNacksAndReconnects(t *testing.T) {
 func TestSubscribeRequiresApply(t *testing.T) {
 	if err := Subscribe(context.Background(), Options{}); err == nil {
 		t.Fatal("Subscribe without Apply succeeded")
+	}
+}
+
+// waitStreams waits until at least n streams have been opened and returns
+// their metadata.
+func (m *managementServer) waitStreams(t *testing.T, n int) []metadata.MD {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		m.mu.Lock()
+		if len(m.streams) >= n {
+			out := append([]metadata.MD(nil), m.streams...)
+			m.mu.Unlock()
+			return out
+		}
+		m.mu.Unlock()
+		select {
+		case <-m.changed:
+		case <-timeout:
+			t.Fatalf("fewer than %d ADS streams within 10s", n)
+		}
+	}
+}
+
+// TestSubscribeOptions: the upstream settings Envoy Gateway's and others'
+// deployments set: extra headers on the stream, domains merged across
+// resources, and a cap on the response size.
+func TestSubscribeOptions(t *testing.T) {
+	m, addr := startManagementServer(t, "127.0.0.1:0")
+	applied := make(chan *descriptors.Set, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go Subscribe(ctx, Options{
+		ServerURL:            addr,
+		NodeID:               nodeID,
+		DialOptions:          []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Headers:              map[string]string{"authorization": "Bearer s3cret"},
+		MergeDomains:         true,
+		MaxRecvMsgSize:       1 << 10,
+		ConnectRetryInterval: 10 * time.Millisecond,
+		BackoffInitial:       10 * time.Millisecond,
+		Apply:                func(s *descriptors.Set) error { applied <- s; return nil },
+	})
+	if md := m.waitStreams(t, 1)[0]; strings.Join(md.Get("authorization"), ",") != "Bearer s3cret" {
+		t.Errorf("stream metadata %v, want authorization: Bearer s3cret", md)
+	}
+
+	// A response over MaxRecvMsgSize is not read: the stream fails and is
+	// re-opened, and nothing is applied.
+	big := config("big", "edge", "user", 1)
+	big.Descriptors[0].Value = strings.Repeat("v", 2<<10)
+	m.publish(t, "1", big)
+	m.waitStreams(t, 2)
+	select {
+	case s := <-applied:
+		t.Fatalf("a response over MaxRecvMsgSize was applied: %v", s)
+	default:
+	}
+
+	// Two resources of one domain are merged.
+	m.publish(t, "2", config("a", "edge", "user", 10), config("b", "edge", "tenant", 20))
+	select {
+	case s := <-applied:
+		if limitOf(t, s, "edge", "user") != 10 || limitOf(t, s, "edge", "tenant") != 20 {
+			t.Errorf("merged domain: user %d, tenant %d", limitOf(t, s, "edge", "user"), limitOf(t, s, "edge", "tenant"))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no rule set applied within 10s")
+	}
+}
+
+func TestJitter(t *testing.T) {
+	const s = time.Second
+	for _, tt := range []struct {
+		name  string
+		opts  Options
+		r     float64
+		d     time.Duration
+		limit time.Duration
+		want  time.Duration
+	}{
+		{"off", Options{Jitter: false, RandomFactor: 0.5}, 0.9, 4 * s, 60 * s, 4 * s},
+		{"factor 0", Options{Jitter: true}, 0.9, 4 * s, 60 * s, 4 * s},
+		{"lowest", Options{Jitter: true, RandomFactor: 0.5}, 0, 4 * s, 60 * s, 2 * s},
+		{"middle", Options{Jitter: true, RandomFactor: 0.5}, 0.5, 4 * s, 60 * s, 4 * s},
+		{"high", Options{Jitter: true, RandomFactor: 0.5}, 0.75, 4 * s, 60 * s, 5 * s},
+		{"capped at the limit", Options{Jitter: true, RandomFactor: 0.5}, 0.99, 50 * s, 60 * s, 60 * s},
+		{"factor above 1 is 1", Options{Jitter: true, RandomFactor: 3}, 0, 4 * s, 60 * s, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.opts.Rand = func() float64 { return tt.r }
+			if got := tt.opts.jitter(tt.d, tt.limit); got != tt.want {
+				t.Errorf("jitter(%v) = %v, want %v", tt.d, got, tt.want)
+			}
+		})
 	}
 }

@@ -46,6 +46,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	logger := settings.NewLogger(stderr)
 	logger.Info("starting", "settings", settings)
+	for _, u := range config.UnhonouredInEnvironment() {
+		logger.Warn("envoyproxy/ratelimit setting not honoured by Leapgate; see docs/migrating.md", "name", u.Name, "instead", u.Why)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

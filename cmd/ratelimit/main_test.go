@@ -210,16 +210,13 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 }
 
 // TestBinaryOnAFreshClone runs the command as the README's run command
-// does, with no rule directory: it serves the embedded example rules and
-// says so.
+// does, with EXAMPLE_RULES=true and no rule directory: it serves the
+// embedded example rules and says so.
 func TestBinaryOnAFreshClone(t *testing.T) {
-	if _, err := os.Stat("/srv/runtime_data/current/config"); err == nil {
-		t.Skip("this machine has a rule directory at the default RUNTIME_ROOT")
-	}
 	var warned bool
 	rb := startBinary(t, func(m map[string]any) {
 		warned = warned || (m["level"] == "WARN" && strings.Contains(fmt.Sprint(m["msg"]), "EMBEDDED EXAMPLE"))
-	})
+	}, "EXAMPLE_RULES=true", "RUNTIME_ROOT="+filepath.Join(t.TempDir(), "absent"))
 	if !warned {
 		t.Error("no warning that the embedded example rules are in use")
 	}
@@ -229,6 +226,26 @@ func TestBinaryOnAFreshClone(t *testing.T) {
 	ok := rlsv3.RateLimitResponse_OK
 	expectCodes(t, rb.dial(t), req, ok, ok, ok, ok, ok, rlsv3.RateLimitResponse_OVER_LIMIT)
 	rb.stop(t)
+}
+
+// TestBinaryMissingRuleDirectory: without EXAMPLE_RULES, a rule directory
+// that does not exist (an unmounted ConfigMap, a typo) stops the process
+// with exit status 1 and a message naming the directory, instead of a Ready
+// pod serving the example domain.
+func TestBinaryMissingRuleDirectory(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "absent")
+	cmd := exec.Command(buildBinary(t))
+	cmd.Env = environ("GRPC_PORT=0", "PORT=0", "DEBUG_PORT=0", "REPORT_PORT=0", "RUNTIME_ROOT="+root)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("exit: %v, want status 1\n%s", err, out)
+	}
+	for _, want := range []string{filepath.Join(root, "config"), "EXAMPLE_RULES=true"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output does not name %q:\n%s", want, out)
+		}
+	}
 }
 
 func TestBinaryCheckConfig(t *testing.T) {
