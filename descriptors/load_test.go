@@ -249,10 +249,10 @@ func TestLoadFSSelectsFiles(t *testing.T) {
 	}
 }
 
-// TestMergeDomains ports envoyproxy/ratelimit's merge_domain_key1.yaml and
-// merge_domain_key2.yaml (test/config, Apache-2.0): with MergeDomains a
-// domain split across files is one domain, a descriptor defined in two
-// files is still refused; without it the second definition is refused.
+// TestMergeDomains: with MergeDomains a domain split across files is one
+// domain, a descriptor defined in two files is still refused; without it
+// the second definition is refused. (upstream_test.go runs upstream's own
+// merge fixtures.)
 func TestMergeDomains(t *testing.T) {
 	key1 := File{Name: "merge_domain_key1.yaml", Data: []byte(`domain: test-domain
 descriptors:
