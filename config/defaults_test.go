@@ -9,6 +9,15 @@ import (
 // it, written out as literals so that a changed default fails a test (the
 // docs' table is checked against the same tags in package examples).
 var documentedDefaults = map[string]string{
+	"REDIS_PERSECOND":                               "false",
+	"REDIS_PERSECOND_SOCKET_TYPE":                   "tcp",
+	"REDIS_PERSECOND_TYPE":                          "single",
+	"REDIS_PERSECOND_URL":                           "",
+	"REDIS_PERSECOND_POOL_SIZE":                     "10",
+	"REDIS_PERSECOND_AUTH":                          "",
+	"REDIS_PERSECOND_SENTINEL_AUTH":                 "",
+	"REDIS_PERSECOND_TLS":                           "false",
+	"REDIS_PERSECOND_TIMEOUT":                       "100ms",
 	"GRPC_HOST":                                     "0.0.0.0",
 	"GRPC_PORT":                                     "8081",
 	"HOST":                                          "0.0.0.0",

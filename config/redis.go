@@ -179,3 +179,69 @@ func mask(secret string) string {
 	}
 	return "<redacted>"
 }
+
+// RedisPerSecond holds envoyproxy/ratelimit's REDIS_PERSECOND settings: a
+// second Redis for the limits whose window is one second or shorter, which
+// take the most writes (upstream sends its SECOND-unit keys there). The
+// other REDIS_* settings (TLS files, key prefix, failure mode, local cache)
+// apply to both.
+type RedisPerSecond struct {
+	// Enabled (REDIS_PERSECOND) turns the second Redis on.
+	Enabled bool `envconfig:"REDIS_PERSECOND" default:"false"`
+	// SocketType, Type, URL, PoolSize, Auth, SentinelAuth, TLS and Timeout
+	// are the REDIS_* settings of the same names for the second Redis.
+	// URL has no default: it is required when Enabled.
+	SocketType   string        `envconfig:"REDIS_PERSECOND_SOCKET_TYPE" default:"tcp"`
+	Type         RedisType     `envconfig:"REDIS_PERSECOND_TYPE" default:"single"`
+	URL          string        `envconfig:"REDIS_PERSECOND_URL"`
+	PoolSize     int           `envconfig:"REDIS_PERSECOND_POOL_SIZE" default:"10"`
+	Auth         string        `envconfig:"REDIS_PERSECOND_AUTH" secret:"true"`
+	SentinelAuth string        `envconfig:"REDIS_PERSECOND_SENTINEL_AUTH" secret:"true"`
+	TLS          bool          `envconfig:"REDIS_PERSECOND_TLS" default:"false"`
+	Timeout      time.Duration `envconfig:"REDIS_PERSECOND_TIMEOUT" default:"100ms"`
+}
+
+// PerSecondRedis returns the settings of the per-second Redis: main with
+// the REDIS_PERSECOND_* values in place of their REDIS_* twins.
+func (p RedisPerSecond) PerSecondRedis(main Redis) Redis {
+	r := main
+	r.SocketType, r.Type, r.URL, r.PoolSize = p.SocketType, p.Type, p.URL, p.PoolSize
+	r.Auth, r.SentinelAuth, r.TLS, r.Timeout = p.Auth, p.SentinelAuth, p.TLS, p.Timeout
+	if !p.TLS {
+		r.TLSClientCert, r.TLSClientKey, r.TLSCACert, r.TLSSkipHostnameVerification = "", "", "", false
+	}
+	return r
+}
+
+// Validate reports every invalid per-second setting, named as REDIS_PERSECOND_*.
+func (p RedisPerSecond) Validate(main Redis) error {
+	if !p.Enabled {
+		return nil
+	}
+	if strings.TrimSpace(p.URL) == "" {
+		return errors.New("REDIS_PERSECOND_URL: required when REDIS_PERSECOND is true")
+	}
+	err := p.PerSecondRedis(main).Validate()
+	if err == nil {
+		return nil
+	}
+	// Report the errors of the per-second twins under their own names; the
+	// shared settings' errors are the main Redis's, reported by it.
+	var out []error
+	for _, e := range flattenJoin(err) {
+		name, rest, _ := strings.Cut(e.Error(), ":")
+		switch name {
+		case "REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_URL", "REDIS_POOL_SIZE", "REDIS_SENTINEL_AUTH", "REDIS_TIMEOUT":
+			out = append(out, errors.New("REDIS_PERSECOND_"+strings.TrimPrefix(name, "REDIS_")+":"+rest))
+		}
+	}
+	return errors.Join(out...)
+}
+
+// flattenJoin returns the errors an errors.Join holds, or err alone.
+func flattenJoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}

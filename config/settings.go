@@ -247,6 +247,9 @@ type Settings struct {
 	// Redis configures BACKEND_TYPE=redis (REDIS_* variables, config/redis.go).
 	// It is embedded so that envconfig names its variables without a prefix.
 	Redis
+	// RedisPerSecond configures a second Redis for windows of one second
+	// or shorter (REDIS_PERSECOND_* variables, config/redis.go).
+	RedisPerSecond
 	// XDS chooses the rule source (CONFIG_TYPE) and configures the xDS one
 	// (CONFIG_GRPC_XDS_* variables, config/xds.go).
 	XDS
@@ -408,6 +411,10 @@ func (s Settings) String() string {
 	}
 	return strings.TrimSuffix(b.String(), " ")
 }
+
+// GoString is String for %#v, so that no secret is printed that way either
+// (and the embedded Redis's GoString is not taken for the whole).
+func (s Settings) GoString() string { return "config.Settings{" + s.String() + "}" }
 
 // LogValue implements slog.LogValuer: a group of NAME=value attributes with
 // secrets redacted as in String.

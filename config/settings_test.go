@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"reflect"
@@ -111,6 +112,9 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"REPORT_HOST": "0.0.0.0"}, "REPORT_HOST: \"0.0.0.0\" is not a loopback address: set REPORT_TOKEN"},
 		{map[string]string{"REPORT_HOST": "10.1.2.3"}, "REPORT_HOST"},
 		{map[string]string{"REPORT_PORT": "70000"}, "REPORT_PORT"},
+		{map[string]string{"BACKEND_TYPE": "redis", "REDIS_PERSECOND": "true"}, "REDIS_PERSECOND_URL: required"},
+		{map[string]string{"BACKEND_TYPE": "redis", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "r:1", "REDIS_PERSECOND_TYPE": "ring"}, "REDIS_PERSECOND_TYPE"},
+		{map[string]string{"BACKEND_TYPE": "redis", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "r:1", "REDIS_PERSECOND_TIMEOUT": "0s"}, "REDIS_PERSECOND_TIMEOUT"},
 		{map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "draft99"}, "LIMIT_RESPONSE_HEADERS_ENABLED"},
 		{map[string]string{"LIMIT_RESET_HEADER": " "}, "LIMIT_RESET_HEADER"},
 		{map[string]string{"BREAKER_ROUTE_KEY": ""}, "BREAKER_ROUTE_KEY"},
@@ -316,5 +320,26 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 				t.Errorf("BackendReason() = %q, want it to say how to keep memory", s.BackendReason())
 			}
 		})
+	}
+}
+
+// TestSettingsFormatsHideSecrets: every way of printing Settings masks the
+// secrets, the embedded Redis settings' included.
+func TestSettingsFormatsHideSecrets(t *testing.T) {
+	s := Defaults()
+	s.ReportToken, s.Redis.Auth, s.Redis.SentinelAuth = "tok-123", "user:pw-456", "pw-789"
+	var logged strings.Builder
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("x", "settings", s)
+	for name, out := range map[string]string{
+		"%v": fmt.Sprintf("%v", s), "%+v": fmt.Sprintf("%+v", s), "%#v": fmt.Sprintf("%#v", s), "%s": fmt.Sprintf("%s", s), "slog": logged.String(),
+	} {
+		for _, secret := range []string{"tok-123", "pw-456", "pw-789"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%s shows the secret %q", name, secret)
+			}
+		}
+		if !strings.Contains(out, "REDIS_URL") && !strings.Contains(out, "url=") {
+			t.Errorf("%s does not show the settings: %s", name, out)
+		}
 	}
 }

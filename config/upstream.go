@@ -46,8 +46,9 @@ var unhonoured = []UnhonouredSetting{
 	{"REDIS_PIPELINE_LIMIT", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "the pool waits for a connection, bounded by REDIS_TIMEOUT", ""},
 	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "Redis health is a PING every 250 ms (leapgate_redis_up)", ""},
-	{"REDIS_PERSECOND", "one Redis serves every unit; a second Redis for per-second limits is not supported", "false"},
-	{"REDIS_PERSECOND_*", "one Redis serves every unit; a second Redis for per-second limits is not supported", ""},
+	{"REDIS_PERSECOND_PIPELINE_WINDOW", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
+	{"REDIS_PERSECOND_PIPELINE_LIMIT", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
+	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "the pool waits for a connection, bounded by REDIS_PERSECOND_TIMEOUT", ""},
 	{"MEMCACHE_*", "there is no Memcached backend: BACKEND_TYPE is memory or redis", ""},
 	{"TRACING_*", "there is no tracing yet", ""},
 }

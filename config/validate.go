@@ -126,6 +126,9 @@ func (s Settings) Validate() error {
 		if err := s.Redis.Validate(); err != nil {
 			errs = append(errs, err)
 		}
+		if err := s.RedisPerSecond.Validate(s.Redis); err != nil {
+			errs = append(errs, err)
+		}
 		if s.WindowBuckets > 0 && 1_000_000%s.WindowBuckets != 0 {
 			bad("WINDOW_BUCKETS", "%d buckets per second are not whole microseconds, as the Redis backend needs", s.WindowBuckets)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/redisstore"
+	"github.com/leapgate/leapgate/window"
 )
 
 // backendHealthInterval is how often health re-reads the backend's health.
@@ -28,39 +29,79 @@ const backendHealthInterval = 250 * time.Millisecond
 // replica still answers by design while Redis is down (the outage shows in
 // the leapgate_redis_up metric and the log), and reporting NOT_SERVING
 // would make Envoy and Kubernetes drop every replica at once.
+//
+// With REDIS_PERSECOND a second store serves the windows of one second or
+// shorter (perSecondSplit); its metrics and the main store's then carry a
+// label redis="persecond" or redis="main".
 func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger) (backend, error) {
 	opts, err := redisOptions(s.Redis)
 	if err != nil {
 		return backend{}, err
 	}
-	opts.Logger, opts.Registry = logger, reg
+	var perSecondOpts redisstore.Options
+	if s.RedisPerSecond.Enabled {
+		if perSecondOpts, err = redisOptions(s.RedisPerSecond.PerSecondRedis(s.Redis)); err != nil {
+			return backend{}, fmt.Errorf("REDIS_PERSECOND: %w", err)
+		}
+	}
 	// go-redis keeps its logger in a package variable: its lines (dial
 	// failures, pool events) go to the process's logger from here on.
 	redisstore.RouteClientLogs(logger)
 	var local backend
 	if opts.FailureMode == redisstore.FailLocal {
 		local = newMemoryBackend(s, reg)
-		opts.Fallback = local.limiter
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	store, err := redisstore.New(ctx, opts)
-	if err != nil {
+	var stores []*redisstore.Store
+	closeAll := func() {
+		for _, st := range stores {
+			st.Close()
+		}
 		cancel()
+	}
+	open := func(o redisstore.Options, name string) (*redisstore.Store, error) {
+		o.Logger, o.Registry, o.Fallback = logger, reg, local.limiter
+		if s.RedisPerSecond.Enabled {
+			o.Logger = logger.With("redis", name)
+			o.Registry = prometheus.WrapRegistererWith(prometheus.Labels{"redis": name}, reg)
+		}
+		st, err := redisstore.New(ctx, o)
+		if err == nil {
+			stores = append(stores, st)
+		}
+		return st, err
+	}
+	store, err := open(opts, "main")
+	if err != nil {
+		closeAll()
 		return backend{}, err
+	}
+	var limiter window.Limiter = store
+	if s.RedisPerSecond.Enabled {
+		perSecond, err := open(perSecondOpts, "persecond")
+		if err != nil {
+			closeAll()
+			return backend{}, fmt.Errorf("REDIS_PERSECOND: %w", err)
+		}
+		limiter = perSecondSplit{main: store, perSecond: perSecond}
 	}
 	errorMode := opts.FailureMode == redisstore.FailError
 	return backend{
-		limiter: store,
+		limiter: limiter,
 		run: func(ctx context.Context) {
 			if local.run != nil {
 				local.run(ctx) // sweeps the fallback's idle counters
 			}
 		},
-		close: func() {
-			store.Close()
-			cancel()
+		close: closeAll,
+		healthy: func() bool {
+			for _, st := range stores {
+				if !st.Healthy() && errorMode {
+					return false
+				}
+			}
+			return true
 		},
-		healthy: func() bool { return store.Healthy() || !errorMode },
 	}, nil
 }
 
