@@ -9,6 +9,9 @@ import (
 // it, written out as literals so that a changed default fails a test (the
 // docs' table is checked against the same tags in package examples).
 var documentedDefaults = map[string]string{
+	"USE_PROMETHEUS":                                "false",
+	"PROMETHEUS_ADDR":                               ":9090",
+	"PROMETHEUS_PATH":                               "/metrics",
 	"REDIS_PERSECOND":                               "false",
 	"REDIS_PERSECOND_SOCKET_TYPE":                   "tcp",
 	"REDIS_PERSECOND_TYPE":                          "single",

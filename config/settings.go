@@ -59,6 +59,14 @@ type Settings struct {
 	// as "Authorization: Bearer <token>"; others get 401.
 	ReportToken string `envconfig:"REPORT_TOKEN" secret:"true"`
 
+	// UsePrometheus also serves the metrics on PrometheusAddr at
+	// PrometheusPath, where envoyproxy/ratelimit's USE_PROMETHEUS serves
+	// them, so that existing scrape configurations keep working. The HTTP
+	// listener's /metrics serves them either way.
+	UsePrometheus  bool   `envconfig:"USE_PROMETHEUS" default:"false"`
+	PrometheusAddr string `envconfig:"PROMETHEUS_ADDR" default:":9090"`
+	PrometheusPath string `envconfig:"PROMETHEUS_PATH" default:"/metrics"`
+
 	// GRPCMaxConnectionAge and GRPCMaxConnectionAgeGrace bound the life of a
 	// gRPC connection so that clients rebalance over time.
 	GRPCMaxConnectionAge      time.Duration `envconfig:"GRPC_MAX_CONNECTION_AGE" default:"24h"`

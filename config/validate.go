@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 )
@@ -23,6 +24,14 @@ func (s Settings) Validate() error {
 	}
 	if s.ReportToken == "" && !isLoopback(s.ReportHost) {
 		bad("REPORT_HOST", "%q is not a loopback address: set REPORT_TOKEN, or anyone who reaches the port can open circuit breakers", s.ReportHost)
+	}
+	if s.UsePrometheus {
+		if _, _, err := net.SplitHostPort(s.PrometheusAddr); err != nil {
+			bad("PROMETHEUS_ADDR", "%q is not host:port: %v", s.PrometheusAddr, err)
+		}
+		if !strings.HasPrefix(s.PrometheusPath, "/") {
+			bad("PROMETHEUS_PATH", "%q does not start with /", s.PrometheusPath)
+		}
 	}
 	if s.GRPCMaxConnectionAge <= 0 {
 		bad("GRPC_MAX_CONNECTION_AGE", "must be positive, got %v", s.GRPCMaxConnectionAge)

@@ -343,3 +343,25 @@ func TestBuildInfoMetric(t *testing.T) {
 		t.Errorf("Build() = %+v", b)
 	}
 }
+
+// TestUsePrometheus: with envoyproxy/ratelimit's USE_PROMETHEUS, the
+// metrics are also served where it serves them (PROMETHEUS_ADDR,
+// PROMETHEUS_PATH), so existing scrape configurations keep working.
+func TestUsePrometheus(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
+		s.UsePrometheus, s.PrometheusAddr, s.PrometheusPath = true, "127.0.0.1:0", "/stats/prometheus"
+	})
+	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "alice"})); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, "http://"+ts.MetricsAddr().String()+"/stats/prometheus")
+	if code != http.StatusOK || !strings.Contains(body, `ratelimit_service_rate_limit_total_hits{domain="test",key="test.user"} 1`) {
+		t.Errorf("PROMETHEUS_ADDR%s = %d:\n%.2000s", "/stats/prometheus", code, body)
+	}
+	if code, _ := get(t, "http://"+ts.MetricsAddr().String()+"/metrics"); code != http.StatusNotFound {
+		t.Errorf("another path on the Prometheus listener = %d, want 404", code)
+	}
+	if plain := start(t, map[string]string{"rules.yaml": limitRules}, nil); plain.MetricsAddr() != nil {
+		t.Errorf("a Prometheus listener without USE_PROMETHEUS: %v", plain.MetricsAddr())
+	}
+}

@@ -24,12 +24,17 @@ func (s *Server) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", s.handleHealthcheck)
 	mux.Handle("/json", s.recoverHTTP("/json", requireJSON(http.HandlerFunc(s.handleJSON))))
-	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
+	mux.Handle("/metrics", s.metricsHandler())
+	return mux
+}
+
+// metricsHandler serves the registry in the Prometheus formats.
+func (s *Server) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		Registry:          s.registry,
 		ErrorLog:          slogPrinter{s},
 		EnableOpenMetrics: true,
-	}))
-	return mux
+	})
 }
 
 // reportHandler serves the report listener: POST /report, observations for

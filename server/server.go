@@ -55,6 +55,9 @@ type Server struct {
 	report *http.Server
 
 	grpcLn, httpLn, debugLn, reportLn net.Listener
+	// prom and promLn serve USE_PROMETHEUS's listener; nil without it.
+	prom   *http.Server
+	promLn net.Listener
 
 	// stopping is closed when shutdown begins.
 	stopping chan struct{}
@@ -136,6 +139,11 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	s.http = s.newHTTPServer(s.httpHandler(), true)
 	s.debug = s.newHTTPServer(s.debugHandler(), false)
 	s.report = s.newHTTPServer(s.reportHandler(), true)
+	if settings.UsePrometheus {
+		mux := http.NewServeMux()
+		mux.Handle(settings.PrometheusPath, s.metricsHandler())
+		s.prom = s.newHTTPServer(mux, true)
+	}
 
 	if err := s.listen(); err != nil {
 		s.rules.close()
@@ -219,8 +227,11 @@ func (s *Server) listen() error {
 	s.httpLn = s.limitConns(bind("HTTP", s.settings.HTTPAddr()), "http")
 	s.debugLn = s.limitConns(bind("debug", s.settings.DebugAddr()), "debug")
 	s.reportLn = s.limitConns(bind("report", s.settings.ReportAddr()), "report")
+	if s.prom != nil {
+		s.promLn = s.limitConns(bind("Prometheus", s.settings.PrometheusAddr), "prometheus")
+	}
 	if err != nil {
-		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn, s.reportLn} {
+		for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn, s.reportLn, s.promLn} {
 			if ln != nil {
 				ln.Close()
 			}
@@ -255,6 +266,15 @@ func (s *Server) HTTPAddr() net.Addr   { return s.httpLn.Addr() }
 func (s *Server) DebugAddr() net.Addr  { return s.debugLn.Addr() }
 func (s *Server) ReportAddr() net.Addr { return s.reportLn.Addr() }
 
+// MetricsAddr returns the bound address of the USE_PROMETHEUS listener, nil
+// without it.
+func (s *Server) MetricsAddr() net.Addr {
+	if s.promLn == nil {
+		return nil
+	}
+	return s.promLn.Addr()
+}
+
 // Registry returns the registry served on /metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
 
@@ -270,7 +290,7 @@ func (s *Server) Run(ctx context.Context) error {
 		"report", s.ReportAddr().String(), "report_token", s.settings.ReportToken != "",
 		"tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	serve := func(name string, fn func() error) {
 		err := fn()
 		if errors.Is(err, http.ErrServerClosed) {
@@ -287,6 +307,9 @@ func (s *Server) Run(ctx context.Context) error {
 	go serve("HTTP", func() error { return s.http.Serve(s.httpLn) })
 	go serve("debug", func() error { return s.debug.Serve(s.debugLn) })
 	go serve("report", func() error { return s.report.Serve(s.reportLn) })
+	if s.prom != nil {
+		go serve("Prometheus", func() error { return s.prom.Serve(s.promLn) })
+	}
 
 	bgCtx, stopBackground := context.WithCancel(context.Background())
 	var bg sync.WaitGroup
@@ -345,7 +368,10 @@ func (s *Server) shutdown() {
 			}
 		}
 	})
-	for _, hs := range []*http.Server{s.http, s.debug, s.report} {
+	for _, hs := range []*http.Server{s.http, s.debug, s.report, s.prom} {
+		if hs == nil {
+			continue
+		}
 		wg.Go(func() {
 			if err := hs.Shutdown(ctx); err != nil {
 				hs.Close()
