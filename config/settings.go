@@ -270,11 +270,16 @@ type Settings struct {
 // Load reads the settings from the environment and validates them. With
 // BACKEND_TYPE unset and REDIS_URL or REDIS_SOCKET_TYPE set, BackendType is
 // BackendRedis: a deployment of envoyproxy/ratelimit (whose default backend
-// is Redis) keeps sharing its limits across replicas.
+// is Redis) keeps sharing its limits across replicas. With REDIS_SOCKET_TYPE
+// unset and a REDIS_URL that is a path, the socket type is unix (upstream's
+// default socket type).
 func Load() (Settings, error) {
 	var s Settings
 	if err := envconfig.Process("", &s); err != nil {
 		return Settings{}, fmt.Errorf("reading settings: %w", err)
+	}
+	if _, set := os.LookupEnv("REDIS_SOCKET_TYPE"); !set && strings.HasPrefix(s.Redis.URL, "/") {
+		s.Redis.SocketType = "unix" // upstream's default, for its socket-path URLs
 	}
 	if _, set := os.LookupEnv("BACKEND_TYPE"); !set {
 		for _, name := range redisHints {

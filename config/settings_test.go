@@ -299,6 +299,7 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 		{"REDIS_SOCKET_TYPE", map[string]string{"REDIS_SOCKET_TYPE": "tcp"}, BackendRedis, true},
 		{"BACKEND_TYPE wins", map[string]string{"BACKEND_TYPE": "memory", "REDIS_URL": "redis:6379"}, BackendMemory, false},
 		{"BACKEND_TYPE=redis", map[string]string{"BACKEND_TYPE": "redis"}, BackendRedis, false},
+		{"a socket path", map[string]string{"REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}, BackendRedis, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			unsetAll(t)
@@ -315,6 +316,13 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 			}
 			if got := s.BackendReason() != "BACKEND_TYPE"; got != c.inferred {
 				t.Errorf("BackendReason() = %q", s.BackendReason())
+			}
+			wantSocket := "tcp"
+			if strings.HasPrefix(c.env["REDIS_URL"], "/") {
+				wantSocket = "unix"
+			}
+			if s.Redis.SocketType != wantSocket {
+				t.Errorf("REDIS_SOCKET_TYPE = %q, want %q", s.Redis.SocketType, wantSocket)
 			}
 			if c.inferred && !strings.Contains(s.BackendReason(), "BACKEND_TYPE=memory") {
 				t.Errorf("BackendReason() = %q, want it to say how to keep memory", s.BackendReason())
