@@ -46,3 +46,49 @@ func TestCheckConfig(t *testing.T) {
 		t.Errorf("a missing directory passed: %s", out.String())
 	}
 }
+
+// TestCheckConfigUsesTheServersSettings: check-config refuses exactly what
+// a server with the same settings refuses, and accepts what it accepts.
+func TestCheckConfigUsesTheServersSettings(t *testing.T) {
+	withSettings := func(mod func(*config.Settings)) config.Settings {
+		s := config.Defaults()
+		mod(&s)
+		return s
+	}
+	for _, c := range []struct {
+		name     string
+		files    map[string]string
+		settings config.Settings
+		ok       bool
+	}{
+		{"metadata without dynamic metadata", map[string]string{"a.yaml": "domain: m\ndescriptors:\n  - key: k\n    metadata: {when: 2024-01-01}\n    rate_limit: {unit: second, requests_per_unit: 1}\n"},
+			config.Defaults(), true},
+		{"metadata that dynamic metadata cannot carry", map[string]string{"a.yaml": "domain: m\ndescriptors:\n  - key: k\n    metadata: {when: 2024-01-01}\n    rate_limit: {unit: second, requests_per_unit: 1}\n"},
+			withSettings(func(s *config.Settings) { s.ResponseDynamicMetadata = true }), false},
+		{"a domain in two files", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, config.Defaults(), false},
+		{"a domain in two files, merged", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, withSettings(func(s *config.Settings) { s.MergeDomainConfig = true }), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "config")
+			for name, content := range c.files {
+				writeRules(t, dir, name, content)
+			}
+			var out strings.Builder
+			if got := server.CheckConfig(dir, c.settings, &out); got != c.ok {
+				t.Errorf("CheckConfig = %t, want %t:\n%s", got, c.ok, out.String())
+			}
+			// The server agrees: it serves the rules, or rejects them.
+			s := c.settings
+			s.GRPCHost, s.Host, s.DebugHost = "127.0.0.1", "127.0.0.1", "127.0.0.1"
+			s.GRPCPort, s.Port, s.DebugPort, s.ReportPort = 0, 0, 0, 0
+			s.RuntimeRoot, s.RuntimeSubdirectory, s.RuntimeAppDirectory = filepath.Dir(dir), "", "config"
+			ts := startWith(t, s)
+			loaded := metricValue(t, ts, "ratelimit_service_config_load_success") == "1"
+			if loaded != c.ok {
+				t.Errorf("the server loaded the rules: %t, check-config said %t", loaded, c.ok)
+			}
+		})
+	}
+}

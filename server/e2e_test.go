@@ -365,3 +365,44 @@ func TestUsePrometheus(t *testing.T) {
 		t.Errorf("a Prometheus listener without USE_PROMETHEUS: %v", plain.MetricsAddr())
 	}
 }
+
+// TestUpstreamModeSettings: QUOTA_MODE, REFUSAL_HEADERS and
+// RESPONSE_DYNAMIC_METADATA reach the answers of a running server, whose
+// defaults answer as upstream.
+func TestUpstreamModeSettings(t *testing.T) {
+	over := func(ts *testServer) *rlsv3.RateLimitResponse {
+		t.Helper()
+		client := ts.rls(t)
+		var resp *rlsv3.RateLimitResponse
+		for range 3 { // limitRules: 2 a minute
+			var err error
+			if resp, err = client.ShouldRateLimit(context.Background(), request("test", []string{"user", "q"})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp
+	}
+	headers := func(resp *rlsv3.RateLimitResponse) map[string]string {
+		out := map[string]string{}
+		for _, h := range resp.GetResponseHeadersToAdd() {
+			out[h.GetKey()] = h.GetValue()
+		}
+		return out
+	}
+
+	plain := over(start(t, map[string]string{"rules.yaml": limitRules}, nil))
+	if plain.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(plain.GetResponseHeadersToAdd()) != 0 || plain.GetDynamicMetadata() != nil {
+		t.Errorf("defaults: %v, want OVER_LIMIT with no headers and no metadata, as upstream", plain)
+	}
+	quota := over(start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
+		s.QuotaMode, s.ResponseDynamicMetadata = true, true
+	}))
+	if quota.GetOverallCode() != rlsv3.RateLimitResponse_OK ||
+		len(quota.GetDynamicMetadata().GetFields()["quotaModeViolations"].GetListValue().GetValues()) != 1 {
+		t.Errorf("QUOTA_MODE: %v, want OK with one quota violation in the metadata", quota)
+	}
+	refusal := over(start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.RefusalHeaders = true }))
+	if h := headers(refusal); h["x-ratelimit-reason"] != "rate-limited" || h["Retry-After"] == "" {
+		t.Errorf("REFUSAL_HEADERS: headers %v, want x-ratelimit-reason and Retry-After", h)
+	}
+}

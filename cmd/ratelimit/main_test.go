@@ -199,6 +199,39 @@ func ruleRoot(t *testing.T, rules string) string {
 	return root
 }
 
+// TestBinaryWarnsAboutUpstreamSettings: an envoyproxy/ratelimit deployment's
+// environment starts the binary; each set variable Leapgate does not read is
+// named in one warning, and a REDIS_URL without BACKEND_TYPE selects Redis,
+// saying so.
+func TestBinaryWarnsAboutUpstreamSettings(t *testing.T) {
+	warned := map[string]int{}
+	var backendLine bool
+	root := ruleRoot(t, rules)
+	rb := startBinary(t, func(m map[string]any) {
+		if m["level"] != "WARN" {
+			return
+		}
+		msg := fmt.Sprint(m["msg"])
+		if strings.Contains(msg, "not honoured") {
+			warned[fmt.Sprint(m["name"])]++
+		}
+		backendLine = backendLine || strings.Contains(msg, "BACKEND_TYPE is unset and REDIS_URL")
+	}, "RUNTIME_ROOT="+root, "USE_STATSD=true", "STATSD_HOST=statsd", "TRACING_ENABLED=true",
+		"RUNTIME_IGNOREDOTFILES=true", "REDIS_URL=127.0.0.1:1", "REDIS_FAILURE_MODE=allow")
+	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "TRACING_ENABLED"} {
+		if warned[name] != 1 {
+			t.Errorf("%s warned %d times, want once", name, warned[name])
+		}
+	}
+	if warned["RUNTIME_IGNOREDOTFILES"] != 0 || len(warned) != 3 {
+		t.Errorf("warnings %v: want exactly USE_STATSD, STATSD_HOST, TRACING_ENABLED (RUNTIME_IGNOREDOTFILES=true is what Leapgate does)", warned)
+	}
+	if !backendLine {
+		t.Error("no start-up line saying REDIS_URL selected the Redis backend")
+	}
+	rb.stop(t)
+}
+
 func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	root := ruleRoot(t, rules)
 	rb := startBinary(t, nil, "RUNTIME_ROOT="+root)
