@@ -97,7 +97,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 			switch {
 			case p.info.err != nil:
 				s.metrics.refused.WithLabelValues(refusedBrokenRule).Inc()
-				s.inputWarn.log(s.log, "rate limit rule cannot be served; descriptor answered OVER_LIMIT",
+				s.inputWarn.Warn(s.log, "rate limit rule cannot be served; descriptor answered OVER_LIMIT",
 					"rule", r.ID, "file", r.File, "line", r.Line, "err", p.info.err)
 				p.kind, p.over, p.shadow = kindBroken, true, false
 			case r.Unlimited:
@@ -110,7 +110,7 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 		if l := d.GetLimit(); l != nil && p.kind != kindBroken {
 			if li, err := s.overrideLimit(l); err != nil {
 				s.metrics.refused.WithLabelValues(refusedBadOverride).Inc()
-				s.inputWarn.log(s.log, "descriptor limit override ignored; answered by its rule",
+				s.inputWarn.Warn(s.log, "descriptor limit override ignored; answered by its rule",
 					"domain", loggable(domain), "descriptor", len(sc.plans), "err", err)
 			} else {
 				p.kind = kindOverride

@@ -138,7 +138,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if !st.set.HasDomain(domain) {
 		s.metrics.domainNotFound.Inc()
-		s.domainWarn.log(s.log, "request for a domain no rule file defines; answered OK",
+		s.domainWarn.Warn(s.log, "request for a domain no rule file defines; answered OK",
 			"domain", loggable(domain), "descriptors", len(descs))
 		resp := allOK(len(descs))
 		if s.metadata {
@@ -167,7 +167,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		if err != nil {
 			s.metrics.error(errTypeLimiter)
-			s.backendWarn.log(s.log, "rate limit backend failed", "domain", domain, "err", err)
+			s.backendWarn.Warn(s.log, "rate limit backend failed", "domain", domain, "err", err)
 			return nil, newLimiterError(ctx, err)
 		}
 	}
@@ -181,7 +181,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if err := s.undo(ctx, sc, results, over); err != nil {
 		s.metrics.error(errTypeLimiter)
-		s.backendWarn.log(s.log, "rate limit backend failed to undo hits", "domain", domain, "err", err)
+		s.backendWarn.Warn(s.log, "rate limit backend failed to undo hits", "domain", domain, "err", err)
 		return nil, newLimiterError(ctx, err)
 	}
 	s.count(sc, st, domain, results)
@@ -211,7 +211,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 func (s *Service) refuseOversized(req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
 	n := len(req.GetDescriptors())
 	s.metrics.refused.WithLabelValues(refusedTooManyDescriptors).Inc()
-	s.inputWarn.log(s.log, "request with too many descriptors answered OVER_LIMIT",
+	s.inputWarn.Warn(s.log, "request with too many descriptors answered OVER_LIMIT",
 		"domain", loggable(req.GetDomain()), "descriptors", n, "max", s.maxDescriptors)
 	resp := allOK(n)
 	for _, st := range resp.Statuses {

@@ -49,6 +49,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/logthrottle"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -123,9 +124,9 @@ type Service struct {
 	// backendWarn keeps a backend outage from logging once per request;
 	// domainWarn and inputWarn do the same for unknown domains and for
 	// input not taken as sent.
-	backendWarn throttledLog
-	domainWarn  throttledLog
-	inputWarn   throttledLog
+	backendWarn logthrottle.Throttle
+	domainWarn  logthrottle.Throttle
+	inputWarn   logthrottle.Throttle
 	decisions   decisionLog // refused descriptors, at debug level
 	// maxDescriptors bounds the descriptors of one request.
 	maxDescriptors int
