@@ -276,8 +276,9 @@ func TestDockerCompose(t *testing.T) {
 	prov := mountSource(t, g, "/etc/grafana/provisioning")
 	var dsCfg struct {
 		Datasources []struct {
-			UID string `json:"uid"`
-			URL string `json:"url"`
+			UID       string `json:"uid"`
+			URL       string `json:"url"`
+			IsDefault bool   `json:"isDefault"`
 		} `json:"datasources"`
 	}
 	if err := yaml.Unmarshal(readAbs(t, filepath.Join(prov, "datasources", "prometheus.yml")), &dsCfg); err != nil {
@@ -307,10 +308,28 @@ func TestDockerCompose(t *testing.T) {
 	} else if _, err := os.Stat(filepath.Join(dashDir, rel)); err != nil {
 		t.Errorf("home dashboard: %v", err)
 	}
+	// The dashboards are importable anywhere: every panel queries the
+	// data source chosen by their "datasource" variable, of type
+	// prometheus, which picks the default one: the provisioned Prometheus.
+	if !dsCfg.Datasources[0].IsDefault {
+		t.Errorf("the provisioned data source is not the default, which the dashboards' datasource variable picks")
+	}
 	for _, d := range dashboards(t, dashDir) {
+		var ds *dashboardVar
+		for i, v := range d.Templating.List {
+			if v.Name == "datasource" {
+				ds = &d.Templating.List[i]
+			}
+		}
+		if ds == nil || ds.Type != "datasource" || ds.Query != "prometheus" {
+			t.Errorf("dashboard %q has no datasource variable of type prometheus: %+v", d.Title, ds)
+		}
 		for _, p := range d.Panels {
-			if p.Datasource.UID != dsCfg.Datasources[0].UID {
-				t.Errorf("panel %q uses data source %q, not the provisioned %q", p.Title, p.Datasource.UID, dsCfg.Datasources[0].UID)
+			if p.Type == "row" {
+				continue
+			}
+			if p.Datasource.UID != "${datasource}" {
+				t.Errorf("panel %q uses data source %q, not the datasource variable", p.Title, p.Datasource.UID)
 			}
 			if len(p.Targets) == 0 {
 				t.Errorf("panel %q has no query", p.Title)
@@ -330,8 +349,12 @@ func readAbs(t *testing.T, p string) []byte {
 
 // dashboard is the part of a Grafana dashboard JSON the tests read.
 type dashboard struct {
-	Title  string `json:"title"`
+	Title      string `json:"title"`
+	Templating struct {
+		List []dashboardVar `json:"list"`
+	} `json:"templating"`
 	Panels []struct {
+		Type       string `json:"type"`
 		Title      string `json:"title"`
 		Datasource struct {
 			UID string `json:"uid"`
@@ -340,6 +363,13 @@ type dashboard struct {
 			Expr string `json:"expr"`
 		} `json:"targets"`
 	} `json:"panels"`
+}
+
+// dashboardVar is a template variable of a dashboard.
+type dashboardVar struct {
+	Type  string `json:"type"`
+	Name  string `json:"name"`
+	Query any    `json:"query"`
 }
 
 func dashboards(t *testing.T, dir string) []dashboard {

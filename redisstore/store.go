@@ -131,6 +131,11 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 	if err != nil {
 		return nil, fmt.Errorf("redis metrics: %w", err)
 	}
+	// Every series an alert or dashboard reads exists from the start, at 0.
+	for _, op := range []string{"do", "undo", "ping"} {
+		m.errors.WithLabelValues(op)
+	}
+	m.fallbacks.WithLabelValues(opts.FailureMode.String())
 	s := &Store{
 		client:   client,
 		cluster:  cluster,

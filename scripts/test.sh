@@ -34,6 +34,29 @@ MSG
 
 need_redis
 
+# Tools the deploy/ tests run, installed from the Go module proxy when
+# missing: promtool (metric conventions, alert rules) and helm (the chart).
+# They build in the background while the suite runs (promtool takes about
+# three minutes on a 2-core machine); the deploy tests are run again, with
+# the tools required, once they are there.
+TOOLS=(
+	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0"
+	"helm helm.sh/helm/v3/cmd/helm@v3.22.0"
+)
+GOBIN_DIR=$("$GO" env GOBIN)
+[ -n "$GOBIN_DIR" ] || GOBIN_DIR="$("$GO" env GOPATH | cut -d: -f1)/bin"
+export PATH="$PATH:$GOBIN_DIR"
+tools_log=$(mktemp)
+(
+	for tool in "${TOOLS[@]}"; do
+		read -r name module <<<"$tool"
+		command -v "$name" >/dev/null && continue
+		echo "test.sh: $name missing; go install $module" >&2
+		"$GO" install "$module" || exit 1
+	done
+) >"$tools_log" 2>&1 &
+tools_pid=$!
+
 echo "== gofmt" >&2
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.git/*'))
 if [ -n "$unformatted" ]; then
@@ -47,6 +70,15 @@ echo "== go vet ./..." >&2
 
 echo "== go test -race ./..." >&2
 "$GO" test -race -count=1 -timeout 15m ./...
+
+echo "== deploy/ tests with promtool and helm (waiting for their install)" >&2
+if ! wait "$tools_pid"; then
+	cat "$tools_log" >&2
+	echo "test.sh: installing the tools above failed; they need the Go module proxy" >&2
+	exit 1
+fi
+rm -f "$tools_log"
+LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./deploy/...
 
 # The race detector's shadow memory makes a heap bound meaningless, so the
 # race run streams 100k keys; the full 1,000,000-key memory test runs here.

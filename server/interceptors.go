@@ -77,6 +77,8 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		Help: "Connections that waited in the accept queue because the listener held HTTP_MAX_CONNECTIONS.",
 	}, []string{"listener"})
 	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.xdsRepeatedRejections, m.connLimited)
+	// The series alerts read exist from the start, at 0.
+	m.panics.WithLabelValues(rlsv3.RateLimitService_ShouldRateLimit_FullMethodName)
 	return m
 }
 

@@ -87,7 +87,12 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 		nearLimit:   ruleVec("near_limit", "Admitted hits above NearLimitRatio of the limit."),
 		withinLimit: ruleVec("within_limit", "Hits answered within the limit."),
 		shadowMode:  ruleVec("shadow_mode", "Over-limit hits answered OK because the rule is in shadow mode."),
-		circuitOpen: ruleVec("circuit_open", "Hits refused because the rule's circuit breaker is open."),
+		// Leapgate's own (upstream has no breakers): named by Prometheus
+		// conventions, with the labels of the rule counters.
+		circuitOpen: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_rate_limit_circuit_open_total",
+			Help: "Hits refused because the rule's circuit breaker is open.",
+		}, []string{"domain", "key"}),
 		globalShadow: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratelimit_service_global_shadow_mode",
 			Help: "Requests answered OK only because global shadow mode (SHADOW_MODE) is on.",

@@ -265,7 +265,7 @@ func TestServiceMetrics(t *testing.T) {
 	for _, want := range []string{
 		"ratelimit_service_rate_limit_total_hits", "ratelimit_service_rate_limit_over_limit",
 		"ratelimit_service_rate_limit_near_limit", "ratelimit_service_rate_limit_within_limit",
-		"ratelimit_service_rate_limit_shadow_mode", "ratelimit_service_rate_limit_circuit_open",
+		"ratelimit_service_rate_limit_shadow_mode", "leapgate_rate_limit_circuit_open_total",
 		"ratelimit_service_global_shadow_mode", "ratelimit_service_domain_not_found",
 		"ratelimit_service_should_rate_limit_error",
 	} {
