@@ -79,6 +79,13 @@ if ! wait "$tools_pid"; then
 fi
 rm -f "$tools_log"
 LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./deploy/...
+# The Helm chart's tests are a module of their own (the Kubernetes API
+# types stay out of the service's module).
+(
+	cd deploy/helm/charttest
+	"$GO" vet ./...
+	LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./...
+)
 
 # The race detector's shadow memory makes a heap bound meaningless, so the
 # race run streams 100k keys; the full 1,000,000-key memory test runs here.
