@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leapgate/leapgate/window"
 )
@@ -120,6 +121,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Registry receives the Store's metrics; if nil, not registered.
 	Registry prometheus.Registerer
+	// TracerProvider, if not nil, traces every operation sent to Redis as
+	// a span "redis do" or "redis undo", a child of the request's span; if
+	// nil, nothing is traced.
+	TracerProvider trace.TracerProvider
 	// Fallback answers while Redis is down with FailLocal: the replica's
 	// in-memory window.Store.
 	Fallback window.Limiter

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leapgate/leapgate/window"
 )
@@ -313,23 +316,31 @@ type call struct {
 // round trip, shared with the calls of concurrent operations), and times
 // them.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, calls []call) error {
-	return s.timed(op, func() error { return s.pipe.do(ctx, &job{script: script, calls: calls}) })
+	return s.timed(ctx, op, len(calls), func(ctx context.Context) error { return s.pipe.do(ctx, &job{script: script, calls: calls}) })
 }
 
 // runMerged sends allow groups through the pipeliner, which merges them
 // with the groups of concurrent calls into one script call per slot.
 func (s *Store) runMerged(ctx context.Context, op string, calls []call) error {
-	return s.timed(op, func() error {
+	return s.timed(ctx, op, len(calls), func(ctx context.Context) error {
 		return s.pipe.do(ctx, &job{script: allowScript, calls: calls, merged: true, now: s.nowArg()})
 	})
 }
 
-func (s *Store) timed(op string, f func() error) error {
+// timed runs f, one operation of n script calls, in a span "redis <op>"
+// (a child of ctx's span, when tracing is on), and records its latency and
+// failure.
+func (s *Store) timed(ctx context.Context, op string, n int, f func(context.Context) error) error {
+	ctx, span := s.tracer.Start(ctx, "redis "+op, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("db.system.name", "redis"), attribute.Int("leapgate.redis.calls", n)))
+	defer span.End()
 	start := time.Now()
-	err := f()
+	err := f(ctx)
 	s.metrics.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.errors.WithLabelValues(op).Inc()
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "redis call failed")
 	}
 	return err
 }

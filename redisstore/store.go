@@ -48,6 +48,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/leapgate/leapgate/window"
 )
@@ -69,6 +71,7 @@ const (
 // Store is a window.Limiter backed by Redis. It is safe for concurrent use.
 // Close it to stop its health check and close its connections.
 type Store struct {
+	tracer   trace.Tracer // noop unless Options.TracerProvider
 	client   redis.UniversalClient
 	cluster  bool
 	prefix   string
@@ -136,7 +139,12 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		m.errors.WithLabelValues(op)
 	}
 	m.fallbacks.WithLabelValues(opts.FailureMode.String())
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
 	s := &Store{
+		tracer:   tp.Tracer("github.com/leapgate/leapgate/redisstore"),
 		client:   client,
 		cluster:  cluster,
 		prefix:   opts.KeyPrefix,

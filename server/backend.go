@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/window"
@@ -25,12 +26,13 @@ type backend struct {
 
 // newBackend builds the limiter chosen by BACKEND_TYPE. A new backend type
 // is one more case here.
-func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger) (backend, error) {
+// tp, when not nil, traces the calls to a remote backend.
+func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger, tp trace.TracerProvider) (backend, error) {
 	switch s.BackendType {
 	case config.BackendMemory:
 		return newMemoryBackend(s, reg), nil
 	case config.BackendRedis:
-		return newRedisBackend(s, reg, logger)
+		return newRedisBackend(s, reg, logger, tp)
 	}
 	return backend{}, fmt.Errorf("BACKEND_TYPE %q is not supported", s.BackendType)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/redisstore"
@@ -33,7 +34,7 @@ const backendHealthInterval = 250 * time.Millisecond
 // With REDIS_PERSECOND a second store serves the windows of one second or
 // shorter (perSecondSplit); its metrics and the main store's then carry a
 // label redis="persecond" or redis="main".
-func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger) (backend, error) {
+func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger, tp trace.TracerProvider) (backend, error) {
 	opts, err := redisOptions(s.Redis)
 	if err != nil {
 		return backend{}, err
@@ -60,7 +61,7 @@ func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.
 		cancel()
 	}
 	open := func(o redisstore.Options, name string) (*redisstore.Store, error) {
-		o.Logger, o.Registry, o.Fallback = logger, reg, local.limiter
+		o.Logger, o.Registry, o.Fallback, o.TracerProvider = logger, reg, local.limiter, tp
 		if s.RedisPerSecond.Enabled {
 			o.Logger = logger.With("redis", name)
 			o.Registry = prometheus.WrapRegistererWith(prometheus.Labels{"redis": name}, reg)

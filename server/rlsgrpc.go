@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"strings"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -70,7 +73,14 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 		if err != nil {
 			return nil, err
 		}
-		return srv.(rlsv3.RateLimitServiceServer).ShouldRateLimit(ctx, r)
+		resp, err := srv.(rlsv3.RateLimitServiceServer).ShouldRateLimit(ctx, r)
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.SetAttributes(
+				attribute.String("ratelimit.domain", traceValue(r.GetDomain())),
+				attribute.Int("ratelimit.descriptors", len(r.GetDescriptors())),
+				attribute.String("ratelimit.overall_code", resp.GetOverallCode().String()))
+		}
+		return resp, err
 	}
 	if interceptor == nil {
 		return handle(ctx, in)
@@ -94,4 +104,16 @@ func decodeRateLimitRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
 		return nil, status.Errorf(codes.InvalidArgument, "malformed RateLimitRequest: %v", err)
 	}
 	return req, nil
+}
+
+// maxTraceValue caps a caller-chosen string in a span attribute.
+const maxTraceValue = 256
+
+// traceValue is a caller-chosen string as a span may carry it: valid UTF-8,
+// at most maxTraceValue bytes.
+func traceValue(v string) string {
+	if len(v) > maxTraceValue {
+		v = v[:maxTraceValue]
+	}
+	return strings.ToValidUTF8(v, "\uFFFD")
 }

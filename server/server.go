@@ -21,6 +21,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -48,6 +49,7 @@ type Server struct {
 	rules    *ruleLoader
 	backend  backend
 	streams  *streamGuard // bounds the observation streams
+	tracing  tracing
 
 	grpc   *grpc.Server
 	http   *http.Server
@@ -67,7 +69,14 @@ type Server struct {
 type Option func(*options)
 
 type options struct {
-	wrapLimiter func(window.Limiter) window.Limiter
+	wrapLimiter    func(window.Limiter) window.Limiter
+	tracerProvider trace.TracerProvider
+}
+
+// WithTracerProvider traces the server's calls to tp instead of the
+// exporter the OTEL_* environment asks for, for tests that read spans.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
 }
 
 // WithLimiterWrapper makes the service use wrap(limiter) instead of the
@@ -109,8 +118,17 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	if settings.BackendReason() != "BACKEND_TYPE" {
 		logger.Warn(settings.BackendReason())
 	}
-	b, err := newBackend(settings, s.registry, logger)
+	s.tracing = tracing{provider: o.tracerProvider}
+	if o.tracerProvider == nil {
+		t, err := tracingFromEnv(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		s.tracing = t
+	}
+	b, err := newBackend(settings, s.registry, logger, s.tracing.provider)
 	if err != nil {
+		s.tracing.stop(logger)
 		return nil, err
 	}
 	s.backend = b
@@ -164,6 +182,9 @@ func (s *Server) buildGRPC() error {
 			MaxConnectionAge:      s.settings.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: s.settings.GRPCMaxConnectionAgeGrace,
 		}),
+	}
+	if opt := s.tracing.grpcOption(); opt != nil {
+		opts = append(opts, opt)
 	}
 	if s.settings.GRPCServerUseTLS {
 		certs, err := newCertReloader(s.settings, s.logger)
@@ -334,6 +355,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stopBackground()
 	bg.Wait()
 	s.backend.close()
+	s.tracing.stop(s.logger)
 	s.logger.Info("stopped")
 	return runErr
 }
