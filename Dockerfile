@@ -39,7 +39,8 @@ ARG VERSION=dev
 LABEL org.opencontainers.image.title="leapgate" \
       org.opencontainers.image.description="Envoy rate-limit service with sliding windows and circuit breakers" \
       org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.source="https://github.com/leapgate/leapgate"
+      org.opencontainers.image.source="https://github.com/leapgate/leapgate" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /out/ratelimit /out/healthprobe /usr/local/bin/
 # envoyproxy/ratelimit's image has its binary at /bin/ratelimit, and so
 # do the manifests (and Envoy Gateway) written for it.

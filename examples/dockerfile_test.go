@@ -307,7 +307,11 @@ func TestDockerfile(t *testing.T) {
 	for _, in := range svc.all("LABEL") {
 		labels += " " + in.Args
 	}
-	for _, l := range []string{"org.opencontainers.image.version=\"${VERSION}\"", "org.opencontainers.image.source=", "org.opencontainers.image.title="} {
+	// The licence label names the repository's LICENSE.
+	if license := string(readFile(t, "../LICENSE")); !strings.Contains(license, "Apache License") || !strings.Contains(license, "Version 2.0") {
+		t.Error("LICENSE is not the Apache License 2.0 the image's label names")
+	}
+	for _, l := range []string{"org.opencontainers.image.version=\"${VERSION}\"", "org.opencontainers.image.source=", "org.opencontainers.image.title=", "org.opencontainers.image.licenses=\"Apache-2.0\""} {
 		if !strings.Contains(labels, l) {
 			t.Errorf("the service image has no label %s (labels: %s)", l, labels)
 		}
