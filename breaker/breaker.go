@@ -9,27 +9,36 @@
 // that reports nothing within ProbeTimeout, reopens it for a fresh
 // OpenDuration, so a breaker never sticks in half-open.
 //
-// Which observation is a probe's result. Observations (ext_proc, access
-// logs, JSON reports) carry no tag of ours, so a breaker cannot tell a
-// probe's result from a straggler admitted before it opened. It relies on
-// this: while a breaker is open or half-open, the enforcing proxy lets only
-// admitted probes through, so the only requests that go upstream, and hence
-// the only new observations, are probes. A half-open breaker therefore takes
-// an observation as a probe result only while it has a probe outstanding,
-// pairing results with probes first-in first-out; observations arriving with
-// no probe outstanding only feed the statistics. The residual ambiguity: a
-// straggler admitted before the breaker opened and reported while a probe
-// is outstanding (a request slower than OpenDuration, or an access log
-// flushed late) is taken as that probe's result; if it failed it reopens the
-// breaker early (the safe direction); if it succeeded it stands in for the
-// probe, whose own result then finds no probe outstanding and is only
-// counted. A probe that never reports is caught by ProbeTimeout.
+// Which observation is a probe's result. Every probe gets an id
+// (AllowProbeAt); the rate-limit service hands it to Envoy in the header
+// ProbeHeader of the request it admits, and an observation that carries the
+// header back (Outcome.Probes: ext_proc and the access-log service read it,
+// /report takes it in "headers") is the result of exactly that probe. An
+// observation with ids of no outstanding probe (a probe of an earlier
+// half-open period reporting late) only feeds the statistics.
+//
+// Observations that carry no id cannot be told from a straggler admitted
+// before the breaker opened. Until a breaker has seen a tagged observation,
+// it relies on this: while it is open or half-open, the enforcing proxy lets
+// only admitted probes through, so the only new observations are probes; it
+// takes an untagged observation as a probe result only while it has a probe
+// outstanding, pairing results with probes first-in first-out. The residual
+// ambiguity: a straggler reported while a probe is outstanding is taken as
+// that probe's result; if it failed it reopens the breaker early (the safe
+// direction); if it succeeded it stands in for the probe. Once a breaker
+// has seen one tagged observation, or its feed has (the Registry marks the
+// untagged observations of a feed that has delivered ids NotProbe), the
+// header comes back with probes' outcomes, and untagged observations are
+// never taken for probes again. A probe that never reports is caught by
+// ProbeTimeout either way.
 //
 // Every method that depends on time has an ...At form taking the current
 // time as a Duration since the origin of a window.Clock.
 package breaker
 
 import (
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,10 +99,24 @@ type Breaker struct {
 
 	mu        sync.Mutex
 	stats     ring
-	probes    []time.Duration // admission times of outstanding probes, oldest first
-	admitted  uint32          // probes admitted in this half-open period
-	succeeded uint32          // probes that succeeded in this half-open period
+	probes    []probe // outstanding probes, oldest first
+	admitted  uint32  // probes admitted in this half-open period
+	succeeded uint32  // probes that succeeded in this half-open period
+	// tagged: an observation carrying probe ids has been seen, so untagged
+	// observations are never probe results (see the package documentation).
+	tagged bool
 }
+
+// probe is an admitted probe not yet reported.
+type probe struct {
+	at time.Duration // admission time
+	id uint64        // never 0
+}
+
+// ProbeHeader is the request header that carries the ids of the probes a
+// request is for (hexadecimal, comma separated) from the rate-limit answer
+// (request_headers_to_add) to the observations of its outcome.
+const ProbeHeader = "x-leapgate-probe"
 
 // New returns a closed breaker. onChange, if not nil, is called once for
 // every state change, while the breaker's lock is held (it must not call
@@ -103,7 +126,7 @@ func New(cfg Config, onChange func(Transition)) *Breaker {
 		cfg:      cfg,
 		onChange: onChange,
 		stats:    newRing(cfg.Spec),
-		probes:   make([]time.Duration, 0, cfg.HalfOpenProbes),
+		probes:   make([]probe, 0, cfg.HalfOpenProbes),
 	}
 }
 
@@ -119,14 +142,22 @@ func (b *Breaker) State() State { return State(b.state.Load()) }
 // until a retry surely can (if no probe reports in between): the time until
 // it half-opens, or, while half-open with every probe slot taken, until the
 // oldest probe times out plus OpenDuration (the breaker reopens then). In
-// the half-open state an admitted request is a probe.
+// the half-open state an admitted request is a probe (see AllowProbeAt).
 func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration) {
+	ok, _, retryAfter = b.AllowProbeAt(now)
+	return ok, retryAfter
+}
+
+// AllowProbeAt is AllowAt that also returns, for a request admitted as a
+// probe, the probe's id (0 otherwise): an observation carrying it in
+// Outcome.Probes is that probe's result.
+func (b *Breaker) AllowProbeAt(now time.Duration) (ok bool, id uint64, retryAfter time.Duration) {
 	switch State(b.state.Load()) {
 	case Closed:
-		return true, 0
+		return true, 0, 0
 	case Open:
 		if until := time.Duration(b.until.Load()); now < until {
-			return false, until - now
+			return false, 0, until - now
 		}
 	}
 	b.mu.Lock()
@@ -134,21 +165,22 @@ func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration)
 	b.advance(now)
 	switch State(b.state.Load()) {
 	case Closed:
-		return true, 0
+		return true, 0, 0
 	case Open:
-		return false, time.Duration(b.until.Load()) - now
+		return false, 0, time.Duration(b.until.Load()) - now
 	}
 	if b.admitted < b.cfg.HalfOpenProbes {
 		b.admitted++
-		b.probes = append(b.probes, now)
-		return true, 0
+		id := rand.Uint64() | 1 // never 0
+		b.probes = append(b.probes, probe{at: now, id: id})
+		return true, id, 0
 	}
 	// Every slot is taken and at least one probe is outstanding (all
 	// reported would have closed or reopened the breaker). Unless the
 	// probes report success first, the oldest one times out, the breaker
 	// reopens then (for the backed-off period), and only after that can a
 	// retry pass.
-	return false, max(b.probes[0]+b.cfg.ProbeTimeout+b.reopenFor()-now, time.Nanosecond)
+	return false, 0, max(b.probes[0].at+b.cfg.ProbeTimeout+b.reopenFor()-now, time.Nanosecond)
 }
 
 // ObserveAt records the outcome of one request observed at now and moves
@@ -168,10 +200,9 @@ func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
 			b.open(now, Closed, "threshold", f, t)
 		}
 	case HalfOpen:
-		if len(b.probes) == 0 {
-			return // not a probe: see the package documentation
+		if !b.takeProbe(o) {
+			return // not a probe's result: see the package documentation
 		}
-		b.probes = b.probes[:copy(b.probes, b.probes[1:])]
 		if failed {
 			b.open(now, HalfOpen, "probe failed", 0, 0)
 			return
@@ -182,6 +213,26 @@ func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
 			b.set(now, HalfOpen, Closed, "probes succeeded", 0, 0)
 		}
 	}
+}
+
+// takeProbe removes the outstanding probe o reports, and reports whether
+// there was one: the probe with one of o's ids, or, for an untagged outcome
+// that may be a probe's (not NotProbe, and no tagged outcome seen by this
+// breaker), the oldest (see the package documentation). b.mu is held.
+func (b *Breaker) takeProbe(o Outcome) bool {
+	i := -1
+	switch {
+	case len(o.Probes) > 0:
+		b.tagged = true
+		i = slices.IndexFunc(b.probes, func(p probe) bool { return slices.Contains(o.Probes, p.id) })
+	case !b.tagged && !o.NotProbe && len(b.probes) > 0:
+		i = 0
+	}
+	if i < 0 {
+		return false
+	}
+	b.probes = slices.Delete(b.probes, i, i+1)
+	return true
 }
 
 // AdvanceAt applies the transitions due by now without a request: open to
@@ -214,7 +265,7 @@ func (b *Breaker) advance(now time.Duration) {
 			if len(b.probes) == 0 {
 				return
 			}
-			due := b.probes[0] + b.cfg.ProbeTimeout
+			due := b.probes[0].at + b.cfg.ProbeTimeout
 			if now < due {
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -502,5 +503,93 @@ func TestLatencyPercentileTripsOnTheTail(t *testing.T) {
 	observe(1, 500*ms) // 11 of 1001 slow: the 991st is slow
 	if b.State() != Open {
 		t.Fatalf("p99 above 200ms with the median at 20ms did not open: %+v", b.StatsAt(now))
+	}
+}
+
+// TestProbeAttribution: an outcome carrying probe ids is the result of
+// exactly those probes; once a breaker has seen one, or its feed marks
+// untagged outcomes NotProbe, a straggler is never taken for a probe.
+// (slowConfig: open 5s, 2 probes, probe timeout 1s.)
+func TestProbeAttribution(t *testing.T) {
+	tagged := func(o Outcome, ids ...uint64) Outcome { o.Probes = ids; return o }
+	notProbe := func(o Outcome) Outcome { o.NotProbe = true; return o }
+	type step struct {
+		at      time.Duration
+		outcome *Outcome // nil: a request asks AllowProbeAt
+		probe   int      // for outcomes: report with the id of the n-th admitted probe (1-based); 0 untagged, -1 an unknown id
+		want    State
+	}
+	o := func(at time.Duration, out Outcome, probe int, want State) step {
+		return step{at: at, outcome: &out, probe: probe, want: want}
+	}
+	ask := func(at time.Duration, want State) step { return step{at: at, want: want} }
+	for _, tt := range []struct {
+		name  string
+		steps []step
+	}{
+		{"tagged results close it, in any order", []step{
+			ask(5*s, HalfOpen), ask(5*s+1, HalfOpen),
+			o(5*s+2, fast, 2, HalfOpen), o(5*s+3, fast, 1, Closed),
+		}},
+		{"a tagged failure reopens it", []step{
+			ask(5*s, HalfOpen), o(5*s+1, slow, 1, Open),
+		}},
+		{"an unknown id decides nothing", []step{
+			ask(5*s, HalfOpen), o(5*s+1, slow, -1, HalfOpen), o(5*s+2, fast, -1, HalfOpen),
+		}},
+		{"once tagged, an untagged straggler decides nothing", []step{
+			ask(5*s, HalfOpen), ask(5*s+1, HalfOpen),
+			o(5*s+2, fast, 1, HalfOpen), // the breaker learns its feed tags probes
+			o(5*s+3, slow, 0, HalfOpen), // a straggler: not the second probe
+			o(5*s+4, fast, 2, Closed),   // the second probe's own result
+		}},
+		{"untagged outcomes of a tagging feed decide nothing", []step{
+			ask(5*s, HalfOpen), o(5*s+1, notProbe(slow), 0, HalfOpen), o(5*s+2, fast, 1, HalfOpen),
+		}},
+		{"untagged outcomes are probes, first in first out, on a feed without tags", []step{
+			ask(5*s, HalfOpen), ask(5*s+1, HalfOpen), o(5*s+2, fast, 0, HalfOpen), o(5*s+3, fast, 0, Closed),
+		}},
+		{"a tagged probe that never reports still times out", []step{
+			ask(5*s, HalfOpen), o(5*s+1, fast, -1, HalfOpen), ask(6*s, Open),
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var rec recorder
+			b := openBreaker(t, &rec, 0)
+			var ids []uint64
+			for i, st := range tt.steps {
+				if st.outcome == nil {
+					if ok, id, _ := b.AllowProbeAt(st.at); ok && id != 0 {
+						ids = append(ids, id)
+					}
+				} else {
+					out := *st.outcome
+					switch {
+					case st.probe > 0:
+						out = tagged(out, ids[st.probe-1])
+					case st.probe < 0:
+						out = tagged(out, 0xdead_beef)
+					}
+					b.ObserveAt(st.at, out)
+				}
+				if got := b.State(); got != st.want {
+					t.Fatalf("step %d: state %v, want %v (transitions %+v)", i, got, st.want, rec.got)
+				}
+			}
+		})
+	}
+}
+
+func TestProbeHeaderRoundTrip(t *testing.T) {
+	ids := []uint64{1, 0xffff_ffff_ffff_ffff, 0xabc}
+	if got := ParseProbes(FormatProbes(ids)); !slices.Equal(got, ids) {
+		t.Errorf("ParseProbes(FormatProbes(%x)) = %x", ids, got)
+	}
+	if got := ParseProbes(" 1f , zz,0,,2"); !slices.Equal(got, []uint64{0x1f, 2}) {
+		t.Errorf("ParseProbes skips junk and 0: got %x", got)
+	}
+	long := strings.Repeat("1,", 1000)
+	if got := ParseProbes(long); len(got) != maxProbeIDs {
+		t.Errorf("ParseProbes of 1000 ids kept %d, want at most %d", len(got), maxProbeIDs)
 	}
 }

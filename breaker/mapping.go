@@ -2,6 +2,7 @@ package breaker
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,7 +28,8 @@ type Observation struct {
 	// or the resource named by a JSON report.
 	Cluster string
 	// Headers are request headers (lower-case name, value); those named in
-	// the registry's Mapping become descriptor entries.
+	// the registry's Mapping become descriptor entries, and ProbeHeader
+	// names the probes the request was admitted as.
 	Headers []descriptors.Entry
 	// ResponseTime, Status, Aborted, Error and InFlight are the outcome (see
 	// Outcome).
@@ -44,7 +46,45 @@ type Observation struct {
 }
 
 func (o *Observation) outcome() Outcome {
-	return Outcome{ResponseTime: o.ResponseTime, Status: o.Status, Aborted: o.Aborted, Error: o.Error, InFlight: o.InFlight}
+	out := Outcome{ResponseTime: o.ResponseTime, Status: o.Status, Aborted: o.Aborted, Error: o.Error, InFlight: o.InFlight}
+	for _, h := range o.Headers {
+		if h.Key == ProbeHeader && len(out.Probes) < maxProbeIDs {
+			out.Probes = append(out.Probes, ParseProbes(h.Value)...)
+		}
+	}
+	return out
+}
+
+// maxProbeIDs bounds the ids read from one ProbeHeader (a request is a
+// probe of at most one breaker per descriptor).
+const maxProbeIDs = 64
+
+// FormatProbes is the ProbeHeader value carrying ids: hexadecimal, comma
+// separated.
+func FormatProbes(ids []uint64) string {
+	b := make([]byte, 0, 17*len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, id, 16)
+	}
+	return string(b)
+}
+
+// ParseProbes reads the ids of a ProbeHeader value, skipping what is not
+// a non-zero hexadecimal id, at most maxProbeIDs of them.
+func ParseProbes(v string) []uint64 {
+	var ids []uint64
+	for part := range strings.SplitSeq(v, ",") {
+		if id, err := strconv.ParseUint(strings.TrimSpace(part), 16, 64); err == nil && id != 0 {
+			ids = append(ids, id)
+			if len(ids) == maxProbeIDs {
+				break
+			}
+		}
+	}
+	return ids
 }
 
 // HeaderKey maps a request header to a descriptor key.

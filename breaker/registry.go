@@ -56,6 +56,9 @@ type Registry struct {
 	table     atomic.Pointer[table]
 	dedupe    *dedupe    // pairs the two Envoy feeds' reports of one request
 	overrides *overrides // operators' manual control, by rule ID
+	// tagging holds the sources that have delivered an observation with
+	// probe ids: their untagged observations are never probe results.
+	tagging sync.Map // source -> struct{}
 }
 
 type table struct {
@@ -340,16 +343,25 @@ func (rb *ruleBreakers) reclaim(b *Breaker) {
 // lookup and an atomic load; the clock is read only when the breaker is
 // not closed.
 func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, retryAfter time.Duration) {
+	ok, _, retryAfter = r.AllowProbe(rule, entries)
+	return ok, retryAfter
+}
+
+// AllowProbe is Allow that also returns, for a request a half-open breaker
+// admits as its probe, the probe's id (0 otherwise): the rate-limit service
+// sends it in ProbeHeader, so that the request's reported outcome is
+// matched to the probe exactly (see the package documentation).
+func (r *Registry) AllowProbe(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, probe uint64, retryAfter time.Duration) {
 	rb, b := r.breakerOf(rule, entries)
 	if rb != nil && r.overrides.any.Load() {
 		if ok, wait, decided := r.overridden(rb, b, entries); decided {
-			return ok, wait
+			return ok, 0, wait
 		}
 	}
 	if b == nil || State(b.state.Load()) == Closed {
-		return true, 0
+		return true, 0, 0
 	}
-	return b.AllowAt(r.clock.Now())
+	return b.AllowProbeAt(r.clock.Now())
 }
 
 // AllowAt is Allow at the given time.

@@ -364,7 +364,7 @@ func TestAllowTargetsTakesNoProbeWhenAnotherIsOpen(t *testing.T) {
 	if st := ts[1].Breaker().AdvanceAt(clock.Now()); st != HalfOpen {
 		t.Fatalf("route breaker %v", st)
 	}
-	if ok, _ := r.AllowTargets(ts); ok {
+	if ok, _, _ := r.AllowTargets(ts); ok {
 		t.Fatal("allowed while one breaker is open")
 	}
 	if st := ts[1].Breaker().StatsAt(clock.Now()); st.ProbesAdmitted != 0 {

@@ -79,6 +79,13 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 		return
 	}
 	o := obs.outcome()
+	if len(o.Probes) > 0 {
+		r.tagging.LoadOrStore(obs.Source, struct{}{})
+	} else if _, ok := r.tagging.Load(obs.Source); ok {
+		// This feed carries probe ids, and this observation has none: the
+		// request was not a probe.
+		o.NotProbe = true
+	}
 	for _, t := range targets {
 		if !o.Aborted && !o.InFlight {
 			t.rb.hist.Observe(o.ResponseTime.Seconds())
@@ -91,12 +98,14 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 }
 
 // AllowTargets reports whether every target admits a request now and, if
-// not, the longest wait among those that refuse. An open breaker refuses
+// not, the longest wait among those that refuse; probes are the ids of the
+// probes half-open breakers took for the admitted request (see
+// ProbeHeader), which its observation should carry. An open breaker refuses
 // before any half-open one is asked, so no probe is taken for a request
 // that is refused anyway; a half-open breaker that admits a probe while
 // another half-open one refuses keeps the slot taken until the probe times
 // out (ProbeTimeout) and reopens it.
-func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Duration) {
+func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Duration, probes []uint64) {
 	if r.overrides.any.Load() {
 		return r.AllowTargetsAt(targets, r.clock.Now())
 	}
@@ -105,11 +114,11 @@ func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Dura
 			return r.AllowTargetsAt(targets, r.clock.Now())
 		}
 	}
-	return true, 0
+	return true, 0, nil
 }
 
 // AllowTargetsAt is AllowTargets at the given time.
-func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool, retryAfter time.Duration) {
+func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool, retryAfter time.Duration, probes []uint64) {
 	if r.overrides.any.Load() {
 		// Overrides first: a forced-open breaker refuses; forced-closed
 		// and disabled ones are left out of the decision.
@@ -124,7 +133,7 @@ func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool,
 			}
 		}
 		if retryAfter > 0 {
-			return false, retryAfter
+			return false, retryAfter, nil
 		}
 		targets = kept
 	}
@@ -136,16 +145,22 @@ func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool,
 		}
 	}
 	if retryAfter > 0 {
-		return false, retryAfter
+		return false, retryAfter, nil
 	}
 	ok = true
 	for _, t := range targets {
 		if State(t.b.state.Load()) == Closed {
 			continue
 		}
-		if allowed, wait := t.b.AllowAt(now); !allowed {
+		allowed, id, wait := t.b.AllowProbeAt(now)
+		if !allowed {
 			ok, retryAfter = false, max(retryAfter, wait)
+		} else if id != 0 {
+			probes = append(probes, id)
 		}
 	}
-	return ok, retryAfter
+	if !ok {
+		probes = nil
+	}
+	return ok, retryAfter, probes
 }

@@ -185,9 +185,14 @@ func (x *exchange) handle(stream extprocv3.ExternalProcessor_ProcessServer, msg 
 		if !x.started {
 			x.start(msg, r.RequestHeaders)
 			if !observe {
-				if ok, wait := x.p.reg.AllowTargets(x.targets); !ok {
+				ok, wait, probes := x.p.reg.AllowTargets(x.targets)
+				if !ok {
 					x.done = true // never goes upstream: nothing to observe
 					return true, stream.Send(circuitOpenResponse(wait))
+				}
+				if len(probes) > 0 {
+					// This stream is the probe: its outcome is the probe's.
+					x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: breaker.ProbeHeader, Value: breaker.FormatProbes(probes)})
 				}
 			}
 		}
@@ -226,9 +231,13 @@ func (x *exchange) start(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHead
 	x.obs.Route = stringAttr(attrs, AttrRouteName)
 	x.obs.Cluster = stringAttr(attrs, AttrClusterName)
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == RequestIDHeader {
+		switch hv.GetKey() {
+		case RequestIDHeader:
 			x.obs.RequestID = headerValue(hv)
-			break
+		case breaker.ProbeHeader:
+			// The probes the rate-limit answer admitted this request as
+			// (the rate-limit filter runs before ext_proc).
+			x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: breaker.ProbeHeader, Value: headerValue(hv)})
 		}
 	}
 	if len(x.p.headers) > 0 {

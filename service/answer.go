@@ -25,8 +25,11 @@ func (s *Service) consultBreakers(sc *scratch) bool {
 		if p.info == nil || p.info.rule.Breaker == nil || p.refund {
 			continue
 		}
-		ok, retry := s.breakers.Allow(p.info.rule, p.entries)
+		ok, probe, retry := s.breakers.AllowProbe(p.info.rule, p.entries)
 		if ok {
+			if probe != 0 {
+				sc.probes = append(sc.probes, probe)
+			}
 			continue
 		}
 		p.breakerOff = true

@@ -10,8 +10,10 @@ import (
 // implemented by package breaker; a nil Breakers in Options means none. The
 // entries let a value-less breaker rule keep one breaker per distinct value.
 type Breakers interface {
-	// Allow reports whether the breaker of rule, for the request's entries
-	// (which matched rule), admits a request now and, if not, how long until
-	// it half-opens.
-	Allow(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, retryAfter time.Duration)
+	// AllowProbe reports whether the breaker of rule, for the request's
+	// entries (which matched rule), admits a request now and, if not, how
+	// long until it may; for a request a half-open breaker admits as its
+	// probe, probe is the probe's id (0 otherwise), which an admitted
+	// request carries to the upstream in breaker.ProbeHeader.
+	AllowProbe(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, probe uint64, retryAfter time.Duration)
 }

@@ -88,8 +88,8 @@ func TestConcurrentAdmissionIsExact(t *testing.T) {
 // refuseAll is a Breakers whose every breaker is open.
 type refuseAll struct{}
 
-func (refuseAll) Allow(*descriptors.Rule, []descriptors.Entry) (bool, time.Duration) {
-	return false, time.Second
+func (refuseAll) AllowProbe(*descriptors.Rule, []descriptors.Entry) (bool, uint64, time.Duration) {
+	return false, 0, time.Second
 }
 
 // FuzzShouldRateLimit feeds arbitrary wire-format requests to the service:

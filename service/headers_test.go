@@ -342,3 +342,42 @@ descriptors:
 		})
 	}
 }
+
+// TestProbeHeader: a request a half-open breaker admits as its probe
+// carries the probe ids upstream in request_headers_to_add; a refused one
+// (another breaker open, or global shadow mode off) carries none.
+func TestProbeHeader(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		probes map[string]uint64
+		refuse map[string]time.Duration
+		reqs   *rlsv3.RateLimitRequest
+		want   string
+	}{
+		{"a probe", map[string]uint64{"test.backend_api": 0xabc}, nil, req("test", desc("backend", "api")), "abc"},
+		{"two probes", map[string]uint64{"test.backend_api": 0xabc, "test.backend_limited": 0x12}, nil,
+			req("test", desc("backend", "api"), desc("backend", "limited")), "abc,12"},
+		{"no probe", nil, nil, req("test", desc("backend", "api")), ""},
+		{"a probe, but another breaker refuses", map[string]uint64{"test.backend_api": 0xabc}, map[string]time.Duration{"test.backend_limited": time.Second},
+			req("test", desc("backend", "api"), desc("backend", "limited")), ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, mustParse(t, testRules), func(o *Options) {
+				o.Breakers = &fakeBreakers{probes: tt.probes, refuse: tt.refuse}
+			})
+			resp, err := h.call(tt.reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			for _, hv := range resp.GetRequestHeadersToAdd() {
+				if hv.GetKey() == "x-leapgate-probe" {
+					got = hv.GetValue()
+				}
+			}
+			if got != tt.want {
+				t.Errorf("x-leapgate-probe = %q, want %q (%v)", got, tt.want, resp)
+			}
+		})
+	}
+}

@@ -116,23 +116,25 @@ func mustParse(t testing.TB, docs ...string) *descriptors.Set {
 	return set
 }
 
-// fakeBreakers refuses the rules whose IDs are listed, with a retry time.
+// fakeBreakers refuses the rules whose IDs are listed, with a retry time,
+// and admits those in probes as probes with the given ids.
 type fakeBreakers struct {
 	mu      sync.Mutex
 	refuse  map[string]time.Duration
+	probes  map[string]uint64
 	asked   []string
 	entries [][]descriptors.Entry
 }
 
-func (b *fakeBreakers) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (bool, time.Duration) {
+func (b *fakeBreakers) AllowProbe(rule *descriptors.Rule, entries []descriptors.Entry) (bool, uint64, time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.asked = append(b.asked, rule.ID)
 	b.entries = append(b.entries, append([]descriptors.Entry(nil), entries...))
 	if d, ok := b.refuse[rule.ID]; ok {
-		return false, d
+		return false, 0, d
 	}
-	return true, 0
+	return true, b.probes[rule.ID], 0
 }
 
 type harness struct {

@@ -8,10 +8,12 @@ import (
 	"math"
 	"strings"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/window"
 )
@@ -81,6 +83,7 @@ type scratch struct {
 	keyBuf  []byte
 	undoReq []window.Request
 	undoRes []window.Result
+	probes  []uint64 // ids of the probes half-open breakers admitted
 }
 
 func (sc *scratch) reset() {
@@ -94,6 +97,7 @@ func (sc *scratch) reset() {
 	sc.undoReq = sc.undoReq[:0]
 	clear(sc.undoRes)
 	sc.undoRes = sc.undoRes[:0]
+	sc.probes = sc.probes[:0]
 }
 
 // ShouldRateLimit answers whether the request's descriptors are within their
@@ -102,8 +106,12 @@ func (sc *scratch) reset() {
 // breaker; global shadow mode then forces it to OK. A descriptor over a
 // limit in quota mode (quota_mode, QUOTA_MODE) is answered OK with its limit
 // and remaining quota, and named in the dynamic metadata's
-// quotaModeViolations, as envoyproxy/ratelimit answers it. Hits are recorded only for an admitted request
-// (all-or-nothing): an OVER_LIMIT answer consumes no quota.
+// quotaModeViolations, as envoyproxy/ratelimit answers it. Hits are
+// recorded only for an admitted request (all-or-nothing): an OVER_LIMIT
+// answer consumes no quota. An admitted request that is a half-open
+// breaker's probe carries the probe ids to the upstream in
+// request_headers_to_add (breaker.ProbeHeader), so that its reported
+// outcome is matched to the probe.
 //
 // Every descriptor is answered on its own terms, so that no descriptor can
 // turn the others' answers into an error (which Envoy, by default, lets
@@ -196,6 +204,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.metrics.globalShadow.Inc()
 	}
 	s.addHeaders(sc, resp, refused, reason)
+	if !refused && len(sc.probes) > 0 {
+		resp.RequestHeadersToAdd = append(resp.RequestHeadersToAdd,
+			&corev3.HeaderValue{Key: breaker.ProbeHeader, Value: breaker.FormatProbes(sc.probes)})
+	}
 	if refused && s.log.Enabled(ctx, slog.LevelDebug) {
 		s.decisions.refused(ctx, s.log, domain, sc, reason)
 	}

@@ -1,0 +1,114 @@
+package observe
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/leapgate/leapgate/breaker"
+)
+
+// probeHeader returns the probe ids a rate-limit answer gives the request
+// in request_headers_to_add, "" for none.
+func probeHeader(resp *rlsv3.RateLimitResponse) string {
+	for _, h := range resp.GetRequestHeadersToAdd() {
+		if h.GetKey() == breaker.ProbeHeader {
+			return h.GetValue()
+		}
+	}
+	return ""
+}
+
+// TestProbeAttributionEndToEnd: a half-open breaker's probe, admitted by
+// the rate-limit answer, carries its id in x-leapgate-probe; the access-log
+// entry that brings the id back decides, and once the feed has delivered
+// ids a straggler's failure is never taken for the probe. ext_proc reads the
+// header from the request it sees.
+func TestProbeAttributionEndToEnd(t *testing.T) {
+	e := newBreakerEnv(t)
+	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := observations(t, e, breaker.SourceALS)
+	log := func(status uint32, probe string) {
+		t.Helper()
+		entry := httpEntry("", "orders", status, time.Millisecond, time.Millisecond, nil)
+		if probe != "" {
+			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
+		}
+		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
+			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
+	}
+	expectState := func(want breaker.State) {
+		t.Helper()
+		if st := e.stats(ordersRule); st.State != want {
+			t.Fatalf("orders breaker %v, want %v: %+v", st.State, want, st.Stats)
+		}
+	}
+	openThenProbe := func() string {
+		t.Helper()
+		log(503, "")
+		log(503, "")
+		expectState(breaker.Open)
+		if id := probeHeader(e.shouldRateLimit("destination_cluster", "orders")); id != "" {
+			t.Fatalf("an open breaker's refusal carries probe %q", id)
+		}
+		e.clock.Advance(5 * time.Second) // open_duration
+		resp := e.shouldRateLimit("destination_cluster", "orders")
+		e.expectCode(resp, rlsv3.RateLimitResponse_OK, 0)
+		id := probeHeader(resp)
+		if len(breaker.ParseProbes(id)) != 1 {
+			t.Fatalf("the probe's answer adds %s: %q, want one id (headers %v)", breaker.ProbeHeader, id, resp.GetRequestHeadersToAdd())
+		}
+		expectState(breaker.HalfOpen)
+		return id
+	}
+
+	// First cycle: the probe's tagged success closes the breaker, and the
+	// access-log feed is now known to carry ids.
+	log(200, openThenProbe())
+	expectState(breaker.Closed)
+	if id := probeHeader(e.shouldRateLimit("destination_cluster", "orders")); id != "" {
+		t.Fatalf("a closed breaker's answer carries probe %q", id)
+	}
+
+	// Second cycle: a straggler admitted before the breaker opened fails
+	// while the probe is out. It is not the probe: the breaker stays
+	// half-open until the probe's own (tagged) result.
+	probe := openThenProbe()
+	log(503, "")
+	expectState(breaker.HalfOpen)
+	log(503, "0123abcd") // an id of no outstanding probe
+	expectState(breaker.HalfOpen)
+	log(200, probe)
+	expectState(breaker.Closed)
+
+	// Through ext_proc: the request it sees carries the header the
+	// rate-limit filter added.
+	probe = openThenProbe()
+	stream, err := e.extProc().Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(requestHeaders("", "orders", true, breaker.ProbeHeader, probe)); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(responseHeaders("200", true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("Recv = %v, want EOF", err)
+	}
+	expectState(breaker.Closed)
+}
