@@ -57,10 +57,11 @@ func buildBinary(t *testing.T) string {
 
 // runningBinary is the command serving on loopback ports.
 type runningBinary struct {
-	cmd      *exec.Cmd
-	grpcAddr string
-	lines    chan map[string]any // JSON log lines after "serving"
-	out      *io.PipeWriter
+	cmd        *exec.Cmd
+	grpcAddr   string
+	reportAddr string              // the report listener (POST /report)
+	lines      chan map[string]any // JSON log lines after "serving"
+	out        *io.PipeWriter
 }
 
 // startBinary runs the command with env (on top of free loopback ports and
@@ -99,6 +100,7 @@ func startBinary(t *testing.T, seen func(map[string]any), env ...string) *runnin
 			}
 			if m["msg"] == "serving" {
 				rb.grpcAddr, _ = m["grpc"].(string)
+				rb.reportAddr, _ = m["report"].(string)
 			} else if seen != nil {
 				seen(m)
 			}
