@@ -9,6 +9,12 @@ import (
 // it, written out as literals so that a changed default fails a test (the
 // docs' table is checked against the same tags in package examples).
 var documentedDefaults = map[string]string{
+	"TRACING_ENABLED":                               "false",
+	"TRACING_EXPORTER_PROTOCOL":                     "http",
+	"TRACING_SERVICE_NAME":                          "leapgate",
+	"TRACING_SERVICE_NAMESPACE":                     "",
+	"TRACING_SERVICE_INSTANCE_ID":                   "",
+	"TRACING_SAMPLING_RATE":                         "1",
 	"USE_PROMETHEUS":                                "false",
 	"PROMETHEUS_ADDR":                               ":9090",
 	"PROMETHEUS_PATH":                               "/metrics",

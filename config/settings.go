@@ -261,6 +261,8 @@ type Settings struct {
 	// XDS chooses the rule source (CONFIG_TYPE) and configures the xDS one
 	// (CONFIG_GRPC_XDS_* variables, config/xds.go).
 	XDS
+	// Tracing holds the TRACING_* variables (config/tracing.go).
+	Tracing
 
 	// backendInferred records that Load chose BackendType from the Redis
 	// settings (see BackendReason).

@@ -47,7 +47,6 @@ var unhonoured = []UnhonouredSetting{
 	{"REDIS_PERSECOND_PIPELINE_LIMIT", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "the pool waits for a connection, bounded by REDIS_PERSECOND_TIMEOUT", ""},
 	{"MEMCACHE_*", "there is no Memcached backend: BACKEND_TYPE is memory or redis", ""},
-	{"TRACING_*", "there is no tracing yet", ""},
 }
 
 // Unhonoured returns the unhonoured upstream variables set in environ (a

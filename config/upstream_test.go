@@ -56,7 +56,7 @@ func TestUpstreamSettingsAreAccountedFor(t *testing.T) {
 }
 
 func TestUnhonoured(t *testing.T) {
-	got := Unhonoured([]string{"USE_STATSD=true", "PORT=8080", "TRACING_ENABLED=true", "MEMCACHE_HOST_PORT=a:1", "PATH=/bin",
+	got := Unhonoured([]string{"USE_STATSD=true", "PORT=8080", "DOG_STATSD_MOGRIFIER_X_PATTERN=a", "MEMCACHE_HOST_PORT=a:1", "PATH=/bin",
 		"RUNTIME_IGNOREDOTFILES=true", "REDIS_PERSECOND=true", "REDIS_PERSECOND_PIPELINE_WINDOW=1ms"})
 	var names []string
 	for _, u := range got {
@@ -65,7 +65,7 @@ func TestUnhonoured(t *testing.T) {
 		}
 		names = append(names, u.Name)
 	}
-	if want := []string{"MEMCACHE_HOST_PORT", "REDIS_PERSECOND_PIPELINE_WINDOW", "TRACING_ENABLED", "USE_STATSD"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"DOG_STATSD_MOGRIFIER_X_PATTERN", "MEMCACHE_HOST_PORT", "REDIS_PERSECOND_PIPELINE_WINDOW", "USE_STATSD"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("Unhonoured = %v, want %v", names, want)
 	}
 }

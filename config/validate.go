@@ -129,6 +129,9 @@ func (s Settings) Validate() error {
 	if err := s.XDS.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := s.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	switch s.BackendType {
 	case BackendMemory:
 	case BackendRedis:

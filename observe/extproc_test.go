@@ -58,6 +58,13 @@ descriptors:
       threshold: 1
       open_duration: 5s
   - key: destination_cluster
+    value: backoff
+    circuit_breaker:
+      strategy: error_count
+      threshold: 1
+      open_duration: 5s
+      max_open_duration: 20s
+  - key: destination_cluster
     value: tail
     circuit_breaker:
       strategy: latency_percentile
@@ -68,10 +75,11 @@ descriptors:
 `
 
 const (
-	slowRule   = "breaker.route_checkout.destination_cluster_backend"
-	ordersRule = "breaker.destination_cluster_orders"
-	userRule   = "breaker.user"
-	tailRule   = "breaker.destination_cluster_tail"
+	slowRule    = "breaker.route_checkout.destination_cluster_backend"
+	ordersRule  = "breaker.destination_cluster_orders"
+	userRule    = "breaker.user"
+	tailRule    = "breaker.destination_cluster_tail"
+	backoffRule = "breaker.destination_cluster_backoff"
 )
 
 // The breaker registry is the service's Breakers.

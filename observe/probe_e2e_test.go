@@ -112,3 +112,53 @@ func TestProbeAttributionEndToEnd(t *testing.T) {
 	}
 	expectState(breaker.Closed)
 }
+
+// TestBackoffThroughTheAccessLog: each probe that fails, as the access log
+// reports it, doubles the open period up to max_open_duration, as the
+// rate-limit answer's retry hint shows; a full close resets it.
+func TestBackoffThroughTheAccessLog(t *testing.T) {
+	e := newBreakerEnv(t)
+	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := observations(t, e, breaker.SourceALS)
+	log := func(status uint32, probe string) {
+		t.Helper()
+		entry := httpEntry("", "backoff", status, time.Millisecond, time.Millisecond, nil)
+		if probe != "" {
+			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
+		}
+		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
+			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
+	}
+	refusedFor := func(want time.Duration) {
+		t.Helper()
+		e.expectCode(e.shouldRateLimit("destination_cluster", "backoff"), rlsv3.RateLimitResponse_OVER_LIMIT, want)
+	}
+	probe := func() string {
+		t.Helper()
+		resp := e.shouldRateLimit("destination_cluster", "backoff")
+		e.expectCode(resp, rlsv3.RateLimitResponse_OK, 0)
+		return probeHeader(resp)
+	}
+
+	log(503, "")
+	refusedFor(5 * time.Second)
+	for _, next := range []time.Duration{10 * time.Second, 20 * time.Second, 20 * time.Second} {
+		e.clock.Advance(e.stats(backoffRule).RetryAfter)
+		log(503, probe()) // the probe fails: reopened for longer
+		refusedFor(next)
+	}
+	e.clock.Advance(20 * time.Second)
+	log(200, probe()) // closes
+	if st := e.stats(backoffRule); st.State != breaker.Closed {
+		t.Fatalf("after the probe succeeded: %+v", st)
+	}
+	log(503, "")
+	refusedFor(5 * time.Second) // the backoff starts over
+}

@@ -120,7 +120,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	}
 	s.tracing = tracing{provider: o.tracerProvider}
 	if o.tracerProvider == nil {
-		t, err := tracingFromEnv(context.Background())
+		t, err := tracingFromEnv(context.Background(), settings.Tracing)
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -103,17 +104,24 @@ func names(spans tracetest.SpanStubs) []string {
 	return out
 }
 
-// collector is an OTLP trace collector that keeps the span names it receives.
+// collector is an OTLP trace collector that keeps the span names and the
+// service names it receives.
 type collector struct {
 	collectortrace.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	names []string
+	mu       sync.Mutex
+	names    []string
+	services []string
 }
 
 func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, rs := range req.GetResourceSpans() {
+		for _, a := range rs.GetResource().GetAttributes() {
+			if a.GetKey() == "service.name" {
+				c.services = append(c.services, a.GetValue().GetStringValue())
+			}
+		}
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
 				c.names = append(c.names, s.GetName())
@@ -123,36 +131,56 @@ func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceSer
 	return &collectortrace.ExportTraceServiceResponse{}, nil
 }
 
-// TestTracingFromEnvironment: the standard OTEL_EXPORTER_OTLP_* variables
-// turn tracing on and point it at a collector; the spans reach it, at the
-// latest when the server stops.
+// TestTracingFromEnvironment: the standard OTEL_* variables, or
+// envoyproxy/ratelimit's TRACING_* settings, turn tracing on and point it
+// at a collector (here over OTLP/gRPC); the spans reach it, at the latest
+// when the server stops.
 func TestTracingFromEnvironment(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	col := &collector{}
-	g := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(g, col)
-	go g.Serve(lis)
-	defer g.Stop()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+lis.Addr().String())
-	t.Setenv("OTEL_SERVICE_NAME", "leapgate-test")
-
-	ts := start(t, map[string]string{"rules.yaml": limitRules}, nil)
-	if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "bob"})); err != nil {
-		t.Fatal(err)
-	}
-	ts.stop()
-	<-ts.done
-	ts.done <- nil // for the cleanup's wait
-	col.mu.Lock()
-	defer col.mu.Unlock()
-	found := false
-	for _, n := range col.names {
-		found = found || n == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-	}
-	if !found {
-		t.Errorf("the collector received %v, want the ShouldRateLimit span", col.names)
+	for _, tt := range []struct {
+		name    string
+		env     map[string]string
+		mod     func(*config.Settings)
+		service string
+	}{
+		{"OTEL variables", map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "leapgate-test"}, nil, "leapgate-test"},
+		{"upstream's TRACING settings", nil, func(s *config.Settings) {
+			s.Tracing.Enabled, s.Tracing.ExporterProtocol, s.Tracing.ServiceName = true, "grpc", "RateLimit"
+		}, "RateLimit"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			col := &collector{}
+			g := grpc.NewServer()
+			collectortrace.RegisterTraceServiceServer(g, col)
+			go g.Serve(lis)
+			defer g.Stop()
+			if tt.mod == nil {
+				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+lis.Addr().String())
+			} else {
+				// TRACING_ENABLED turns it on; the endpoint alone is OTEL's.
+				t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://"+lis.Addr().String())
+			}
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			ts := start(t, map[string]string{"rules.yaml": limitRules}, tt.mod)
+			if _, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "bob"})); err != nil {
+				t.Fatal(err)
+			}
+			ts.stop()
+			<-ts.done
+			ts.done <- nil // for the cleanup's wait
+			col.mu.Lock()
+			defer col.mu.Unlock()
+			if !slices.Contains(col.names, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit") {
+				t.Errorf("the collector received %v, want the ShouldRateLimit span", col.names)
+			}
+			if !slices.Contains(col.services, tt.service) {
+				t.Errorf("service names %v, want %s", col.services, tt.service)
+			}
+		})
 	}
 }

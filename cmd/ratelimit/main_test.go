@@ -218,15 +218,15 @@ func TestBinaryWarnsAboutUpstreamSettings(t *testing.T) {
 			warned[fmt.Sprint(m["name"])]++
 		}
 		backendLine = backendLine || strings.Contains(msg, "BACKEND_TYPE is unset and REDIS_URL")
-	}, "RUNTIME_ROOT="+root, "USE_STATSD=true", "STATSD_HOST=statsd", "TRACING_ENABLED=true",
+	}, "RUNTIME_ROOT="+root, "USE_STATSD=true", "STATSD_HOST=statsd", "MEMCACHE_HOST_PORT=memcache:11211",
 		"RUNTIME_IGNOREDOTFILES=true", "REDIS_URL=127.0.0.1:1", "REDIS_FAILURE_MODE=allow")
-	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "TRACING_ENABLED"} {
+	for _, name := range []string{"USE_STATSD", "STATSD_HOST", "MEMCACHE_HOST_PORT"} {
 		if warned[name] != 1 {
 			t.Errorf("%s warned %d times, want once", name, warned[name])
 		}
 	}
 	if warned["RUNTIME_IGNOREDOTFILES"] != 0 || len(warned) != 3 {
-		t.Errorf("warnings %v: want exactly USE_STATSD, STATSD_HOST, TRACING_ENABLED (RUNTIME_IGNOREDOTFILES=true is what Leapgate does)", warned)
+		t.Errorf("warnings %v: want exactly USE_STATSD, STATSD_HOST, MEMCACHE_HOST_PORT (RUNTIME_IGNOREDOTFILES=true is what Leapgate does)", warned)
 	}
 	if !backendLine {
 		t.Error("no start-up line saying REDIS_URL selected the Redis backend")
