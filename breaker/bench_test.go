@@ -91,3 +91,23 @@ func BenchmarkObserveParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkBreakerObserveByStrategy is one observation recorded by a
+// breaker and its threshold checked, for each strategy (the p99 strategy
+// against the ratio one it shares its two counters per bucket with).
+func BenchmarkBreakerObserveByStrategy(b *testing.B) {
+	for _, bc := range []struct{ name, block string }{
+		{"slow_request_ratio", "strategy: slow_request_ratio, threshold: 0.5, max_response_time: 100ms, min_requests: 1000000"},
+		{"latency_percentile_p99", "strategy: latency_percentile, threshold: 0.99, max_response_time: 100ms, min_requests: 1000000"},
+		{"error_ratio", "strategy: error_ratio, threshold: 0.5, min_requests: 1000000"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			br := New(mustConfig(b, bc.block), nil)
+			o := Outcome{ResponseTime: 20 * ms, Status: 200}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				br.ObserveAt(time.Duration(i)*time.Microsecond, o)
+			}
+		})
+	}
+}
