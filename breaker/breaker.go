@@ -37,6 +37,7 @@
 package breaker
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -105,6 +106,14 @@ type Breaker struct {
 	// tagged: an observation carrying probe ids has been seen, so untagged
 	// observations are never probe results (see the package documentation).
 	tagged bool
+
+	// The ramp after closing from half-open (RampDuration): rampUntil is
+	// its end, 0 when none is in progress, so that Allow in a steady closed
+	// state costs one atomic load more; rampStart and rampCredit (see
+	// rampAllow) are under mu.
+	rampUntil  atomic.Int64
+	rampStart  time.Duration
+	rampCredit float64
 }
 
 // probe is an admitted probe not yet reported.
@@ -154,7 +163,9 @@ func (b *Breaker) AllowAt(now time.Duration) (ok bool, retryAfter time.Duration)
 func (b *Breaker) AllowProbeAt(now time.Duration) (ok bool, id uint64, retryAfter time.Duration) {
 	switch State(b.state.Load()) {
 	case Closed:
-		return true, 0, 0
+		if b.rampUntil.Load() == 0 {
+			return true, 0, 0
+		}
 	case Open:
 		if until := time.Duration(b.until.Load()); now < until {
 			return false, 0, until - now
@@ -165,7 +176,7 @@ func (b *Breaker) AllowProbeAt(now time.Duration) (ok bool, id uint64, retryAfte
 	b.advance(now)
 	switch State(b.state.Load()) {
 	case Closed:
-		return true, 0, 0
+		return b.rampAllow(now)
 	case Open:
 		return false, 0, time.Duration(b.until.Load()) - now
 	}
@@ -210,6 +221,10 @@ func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
 		b.succeeded++
 		if b.succeeded >= b.cfg.HalfOpenProbes {
 			b.stats.reset()
+			if b.cfg.RampDuration > 0 {
+				b.rampStart, b.rampCredit = now, 0
+				b.rampUntil.Store(int64(now + b.cfg.RampDuration))
+			}
 			b.set(now, HalfOpen, Closed, "probes succeeded", 0, 0)
 		}
 	}
@@ -286,7 +301,38 @@ func (b *Breaker) open(now time.Duration, from State, reason string, failed, tot
 	}
 	b.until.Store(int64(now + b.openFor))
 	b.probes = b.probes[:0]
+	b.rampUntil.Store(0)
 	b.set(now, from, Open, reason, failed, total)
+}
+
+// rampAllow decides a request while closed: at a time d into a ramp it
+// admits the share d/RampDuration of requests, by counts, not chance: each
+// request adds the current share to a credit, and one passes when the
+// credit reaches 1 (which it then spends). So the share holds for any
+// traffic, bursts included. After the ramp, or with none, every request
+// passes. A refused request's retry hint is the earliest time the next
+// request passes if no other comes in between. b.mu is held.
+func (b *Breaker) rampAllow(now time.Duration) (ok bool, id uint64, retryAfter time.Duration) {
+	until := time.Duration(b.rampUntil.Load())
+	if until == 0 || now >= until {
+		b.rampUntil.Store(0)
+		return true, 0, 0
+	}
+	ramp := float64(b.cfg.RampDuration)
+	b.rampCredit += float64(now-b.rampStart) / ramp
+	if b.rampCredit >= 1 {
+		b.rampCredit--
+		return true, 0, 0
+	}
+	// The next request passes once its share brings the credit to 1.
+	at := b.rampStart + time.Duration(math.Ceil(ramp*(1-b.rampCredit)))
+	return false, 0, max(min(at, until)-now, time.Nanosecond)
+}
+
+// Steady reports whether the breaker is closed with no ramp in progress:
+// then every request passes, without reading the clock.
+func (b *Breaker) Steady() bool {
+	return State(b.state.Load()) == Closed && b.rampUntil.Load() == 0
 }
 
 // reopenFor is how long the breaker stays open if it reopens from
@@ -321,6 +367,9 @@ type Stats struct {
 	ProbesAdmitted    uint32 `json:"probes_admitted,omitempty"`
 	ProbesOutstanding int    `json:"probes_outstanding,omitempty"`
 	ProbesSucceeded   uint32 `json:"probes_succeeded,omitempty"`
+	// RampShare is, while closed and ramping up (RampDuration), the share of
+	// requests admitted now; 0 otherwise.
+	RampShare float64 `json:"ramp_share,omitempty"`
 }
 
 // StatsAt returns the breaker's state and window counts at now, after
@@ -332,6 +381,10 @@ func (b *Breaker) StatsAt(now time.Duration) Stats {
 	s := Stats{State: State(b.state.Load())}
 	s.Failed, s.Total = b.stats.sum(now)
 	switch s.State {
+	case Closed:
+		if until := time.Duration(b.rampUntil.Load()); until > now {
+			s.RampShare = float64(now-b.rampStart) / float64(b.cfg.RampDuration)
+		}
 	case Open:
 		s.RetryAfter = time.Duration(b.until.Load()) - now
 	case HalfOpen:

@@ -593,3 +593,106 @@ func TestProbeHeaderRoundTrip(t *testing.T) {
 		t.Errorf("ParseProbes of 1000 ids kept %d, want at most %d", len(got), maxProbeIDs)
 	}
 }
+
+// TestRampAfterClosing: with ramp_duration, a breaker that closes from
+// half-open admits a rising share of requests: d/ramp_duration at d into
+// the ramp, by counts, then all; a refusal's retry hint is when the next
+// request passes; failures in the ramp open it as in any closed state.
+func TestRampAfterClosing(t *testing.T) {
+	closeAt := func(t *testing.T, block string) (*Breaker, time.Duration) {
+		t.Helper()
+		b := New(mustConfig(t, block), nil)
+		b.ObserveAt(0, Outcome{Status: 503})
+		if b.State() != Open {
+			t.Fatalf("state %v after a 503, want open", b.State())
+		}
+		ok, id, _ := b.AllowProbeAt(5 * s)
+		if !ok || id == 0 {
+			t.Fatal("no probe admitted at the end of open_duration")
+		}
+		b.ObserveAt(5*s+ms, Outcome{Status: 200, Probes: []uint64{id}})
+		if b.State() != Closed {
+			t.Fatalf("state %v after the probe succeeded, want closed", b.State())
+		}
+		return b, 5*s + ms
+	}
+	t.Run("no ramp: all at once", func(t *testing.T) {
+		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s")
+		for i := range 100 {
+			if ok, _ := b.AllowAt(t0 + time.Duration(i)*ms); !ok {
+				t.Fatalf("request %d refused just after closing without a ramp", i)
+			}
+		}
+	})
+	t.Run("ramp: the share rises with time", func(t *testing.T) {
+		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s")
+		// 100 requests a second, evenly, through the 10 s ramp and 1 s after.
+		admitted := make([]int, 11)
+		for i := range 1100 {
+			if ok, _ := b.AllowAt(t0 + time.Duration(i)*10*ms); ok {
+				admitted[i/100]++
+			}
+		}
+		// Second k of the ramp admits about (k+0.5)/10 of its requests.
+		for k := range 10 {
+			if want := 10*k + 5; admitted[k] < want-2 || admitted[k] > want+2 {
+				t.Errorf("second %d of the ramp admitted %d of 100, want %d±2", k, admitted[k], want)
+			}
+		}
+		if admitted[10] != 100 {
+			t.Errorf("after the ramp %d of 100 admitted, want all", admitted[10])
+		}
+		if !b.Steady() {
+			t.Error("not steady after the ramp")
+		}
+	})
+	t.Run("ramp: a refusal's hint is when the next request passes", func(t *testing.T) {
+		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s")
+		at := t0 + s
+		for range 20 {
+			ok, retry := b.AllowAt(at)
+			if ok {
+				at += 5 * ms
+				continue
+			}
+			if retry <= 0 {
+				t.Fatalf("at %v: refused with hint %v", at, retry)
+			}
+			if retry <= 2 {
+				// The next request passes at once.
+			} else if early, _ := b.AllowAt(at + retry - 2); early {
+				t.Fatalf("at %v: a request before the hint (%v) passed: the hint is not the earliest", at, retry)
+			}
+			if next, _ := b.AllowAt(at + retry); !next {
+				t.Fatalf("at %v: refused with hint %v, and refused again at the hint", at, retry)
+			}
+			at += retry
+		}
+	})
+	t.Run("the admitted share follows d/ramp_duration", func(t *testing.T) {
+		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s")
+		// A burst of 1000 requests at 3 s into the ramp: 30% pass.
+		n := 0
+		for range 1000 {
+			if ok, _ := b.AllowAt(t0 + 3*s); ok {
+				n++
+			}
+		}
+		if n < 299 || n > 301 {
+			t.Errorf("%d of 1000 admitted at 30%% of the ramp, want 300", n)
+		}
+		if st := b.StatsAt(t0 + 3*s); st.State != Closed || st.RampShare < 0.29 || st.RampShare > 0.31 {
+			t.Errorf("stats in the ramp: %+v", st)
+		}
+	})
+	t.Run("a failure in the ramp opens it", func(t *testing.T) {
+		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s")
+		b.ObserveAt(t0+s, Outcome{Status: 503})
+		if b.State() != Open {
+			t.Fatalf("state %v after a 503 in the ramp, want open", b.State())
+		}
+		if b.Steady() {
+			t.Error("an open breaker reads steady")
+		}
+	})
+}

@@ -21,7 +21,7 @@ func (c Config) Equal(o Config) bool {
 	return c.Strategy == o.Strategy && c.Threshold == o.Threshold &&
 		c.MaxResponseTime == o.MaxResponseTime && slices.Equal(c.ErrorStatuses, o.ErrorStatuses) &&
 		c.MinRequests == o.MinRequests && c.Spec == o.Spec && c.OpenDuration == o.OpenDuration && c.MaxOpenDuration == o.MaxOpenDuration &&
-		c.HalfOpenProbes == o.HalfOpenProbes && c.ProbeTimeout == o.ProbeTimeout
+		c.HalfOpenProbes == o.HalfOpenProbes && c.ProbeTimeout == o.ProbeTimeout && c.RampDuration == o.RampDuration
 }
 
 // Outcome is what one observed request tells a breaker.

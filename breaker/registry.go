@@ -358,7 +358,7 @@ func (r *Registry) AllowProbe(rule *descriptors.Rule, entries []descriptors.Entr
 			return ok, 0, wait
 		}
 	}
-	if b == nil || State(b.state.Load()) == Closed {
+	if b == nil || b.Steady() {
 		return true, 0, 0
 	}
 	return b.AllowProbeAt(r.clock.Now())

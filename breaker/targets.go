@@ -110,7 +110,7 @@ func (r *Registry) AllowTargets(targets []Target) (ok bool, retryAfter time.Dura
 		return r.AllowTargetsAt(targets, r.clock.Now())
 	}
 	for _, t := range targets {
-		if State(t.b.state.Load()) != Closed {
+		if !t.b.Steady() {
 			return r.AllowTargetsAt(targets, r.clock.Now())
 		}
 	}
@@ -149,7 +149,7 @@ func (r *Registry) AllowTargetsAt(targets []Target, now time.Duration) (ok bool,
 	}
 	ok = true
 	for _, t := range targets {
-		if State(t.b.state.Load()) == Closed {
+		if t.b.Steady() {
 			continue
 		}
 		allowed, id, wait := t.b.AllowProbeAt(now)

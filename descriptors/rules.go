@@ -137,6 +137,11 @@ type Breaker struct {
 	// ProbeTimeout is how long a probe may go unreported before it counts as
 	// failed.
 	ProbeTimeout time.Duration
+	// RampDuration, when positive, is how long the breaker takes after
+	// closing from half-open to admit all traffic again: at a time d into
+	// the ramp it admits the share d/RampDuration of requests. 0 (the
+	// default): all at once.
+	RampDuration time.Duration
 }
 
 // Rule is one matched node of the descriptor tree.

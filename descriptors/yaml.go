@@ -28,7 +28,7 @@ var (
 		"unit_multiplier", "window", "buckets", "algorithm"}
 	replacesFields = []string{"name"}
 	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",
-		"window", "buckets", "open_duration", "max_open_duration", "half_open_probes", "probe_timeout"}
+		"window", "buckets", "open_duration", "max_open_duration", "half_open_probes", "probe_timeout", "ramp_duration"}
 )
 
 // reader turns one YAML rule file into a rawFile, collecting errors.
@@ -328,6 +328,8 @@ func (r *reader) breaker(n *yaml.Node) *Breaker {
 		case "probe_timeout":
 			b.ProbeTimeout, ok = r.duration(name, val)
 			probeTimeoutSet = true
+		case "ramp_duration":
+			b.RampDuration, ok = r.duration(name, val)
 		}
 		valid = valid && ok
 	})

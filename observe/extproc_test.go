@@ -65,6 +65,13 @@ descriptors:
       open_duration: 5s
       max_open_duration: 20s
   - key: destination_cluster
+    value: ramp
+    circuit_breaker:
+      strategy: error_count
+      threshold: 1
+      open_duration: 5s
+      ramp_duration: 10s
+  - key: destination_cluster
     value: tail
     circuit_breaker:
       strategy: latency_percentile
@@ -80,6 +87,7 @@ const (
 	userRule    = "breaker.user"
 	tailRule    = "breaker.destination_cluster_tail"
 	backoffRule = "breaker.destination_cluster_backoff"
+	rampRule    = "breaker.destination_cluster_ramp"
 )
 
 // The breaker registry is the service's Breakers.

@@ -162,3 +162,59 @@ func TestBackoffThroughTheAccessLog(t *testing.T) {
 	log(503, "")
 	refusedFor(5 * time.Second) // the backoff starts over
 }
+
+// TestRampThroughTheAccessLog: a breaker with ramp_duration that closes on
+// its probe's reported success lets through a rising share of rate-limit
+// requests, and all of them once the ramp is over.
+func TestRampThroughTheAccessLog(t *testing.T) {
+	e := newBreakerEnv(t)
+	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := observations(t, e, breaker.SourceALS)
+	log := func(status uint32, probe string) {
+		t.Helper()
+		entry := httpEntry("", "ramp", status, time.Millisecond, time.Millisecond, nil)
+		if probe != "" {
+			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
+		}
+		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
+			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
+	}
+	admitted := func(n int) int {
+		t.Helper()
+		ok := 0
+		for range n {
+			if e.shouldRateLimit("destination_cluster", "ramp").GetOverallCode() == rlsv3.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		return ok
+	}
+
+	log(503, "")
+	e.clock.Advance(5 * time.Second)
+	resp := e.shouldRateLimit("destination_cluster", "ramp")
+	e.expectCode(resp, rlsv3.RateLimitResponse_OK, 0)
+	log(200, probeHeader(resp)) // closes: the ramp starts
+	if st := e.stats(rampRule); st.State != breaker.Closed {
+		t.Fatalf("after the probe: %+v", st)
+	}
+	e.clock.Advance(2 * time.Second) // 20% into the ramp
+	if n := admitted(100); n < 19 || n > 21 {
+		t.Errorf("at 20%% of the ramp %d of 100 admitted, want 20", n)
+	}
+	e.clock.Advance(5 * time.Second) // 70%
+	if n := admitted(100); n < 69 || n > 71 {
+		t.Errorf("at 70%% of the ramp %d of 100 admitted, want 70", n)
+	}
+	e.clock.Advance(3 * time.Second) // the ramp is over
+	if n := admitted(100); n != 100 {
+		t.Errorf("after the ramp %d of 100 admitted, want all", n)
+	}
+}
