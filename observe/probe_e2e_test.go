@@ -25,21 +25,19 @@ func probeHeader(resp *rlsv3.RateLimitResponse) string {
 	return ""
 }
 
-// TestProbeAttributionEndToEnd: a half-open breaker's probe, admitted by
-// the rate-limit answer, carries its id in x-leapgate-probe; the access-log
-// entry that brings the id back decides, and once the feed has delivered
-// ids a straggler's failure is never taken for the probe. ext_proc reads the
-// header from the request it sees.
-func TestProbeAttributionEndToEnd(t *testing.T) {
-	e := newBreakerEnv(t)
+// accessLogger returns a function that sends one access-log entry for the
+// cluster (with the probe ids, if any, in the x-leapgate-probe header the
+// log records) and waits until the service has taken it.
+func accessLogger(t *testing.T, e *breakerEnv, cluster string) func(status uint32, probe string) {
+	t.Helper()
 	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	sent := observations(t, e, breaker.SourceALS)
-	log := func(status uint32, probe string) {
+	return func(status uint32, probe string) {
 		t.Helper()
-		entry := httpEntry("", "orders", status, time.Millisecond, time.Millisecond, nil)
+		entry := httpEntry("", cluster, status, time.Millisecond, time.Millisecond, nil)
 		if probe != "" {
 			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
 		}
@@ -50,6 +48,16 @@ func TestProbeAttributionEndToEnd(t *testing.T) {
 		sent++
 		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
 	}
+}
+
+// TestProbeAttributionEndToEnd: a half-open breaker's probe, admitted by
+// the rate-limit answer, carries its id in x-leapgate-probe; the access-log
+// entry that brings the id back decides, and once the feed has delivered
+// ids a straggler's failure is never taken for the probe. ext_proc reads the
+// header from the request it sees.
+func TestProbeAttributionEndToEnd(t *testing.T) {
+	e := newBreakerEnv(t)
+	log := accessLogger(t, e, "orders")
 	expectState := func(want breaker.State) {
 		t.Helper()
 		if st := e.stats(ordersRule); st.State != want {
@@ -118,24 +126,7 @@ func TestProbeAttributionEndToEnd(t *testing.T) {
 // rate-limit answer's retry hint shows; a full close resets it.
 func TestBackoffThroughTheAccessLog(t *testing.T) {
 	e := newBreakerEnv(t)
-	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := observations(t, e, breaker.SourceALS)
-	log := func(status uint32, probe string) {
-		t.Helper()
-		entry := httpEntry("", "backoff", status, time.Millisecond, time.Millisecond, nil)
-		if probe != "" {
-			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
-		}
-		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
-			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
-			t.Fatal(err)
-		}
-		sent++
-		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
-	}
+	log := accessLogger(t, e, "backoff")
 	refusedFor := func(want time.Duration) {
 		t.Helper()
 		e.expectCode(e.shouldRateLimit("destination_cluster", "backoff"), rlsv3.RateLimitResponse_OVER_LIMIT, want)
@@ -168,24 +159,7 @@ func TestBackoffThroughTheAccessLog(t *testing.T) {
 // requests, and all of them once the ramp is over.
 func TestRampThroughTheAccessLog(t *testing.T) {
 	e := newBreakerEnv(t)
-	als, err := accesslogv3.NewAccessLogServiceClient(e.conn).StreamAccessLogs(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sent := observations(t, e, breaker.SourceALS)
-	log := func(status uint32, probe string) {
-		t.Helper()
-		entry := httpEntry("", "ramp", status, time.Millisecond, time.Millisecond, nil)
-		if probe != "" {
-			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
-		}
-		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
-			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
-			t.Fatal(err)
-		}
-		sent++
-		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
-	}
+	log := accessLogger(t, e, "ramp")
 	admitted := func(n int) int {
 		t.Helper()
 		ok := 0
