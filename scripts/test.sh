@@ -54,6 +54,8 @@ tools_log=$(mktemp)
 		echo "test.sh: $name missing; go install $module" >&2
 		"$GO" install "$module" || exit 1
 	done
+	# Build the chart tests (the Kubernetes API types) meanwhile too.
+	(cd deploy/helm/charttest && "$GO" test -count=1 -run '^$' ./...) || exit 1
 ) >"$tools_log" 2>&1 &
 tools_pid=$!
 

@@ -199,8 +199,11 @@ func (l *ruleLoader) loadInitial() error {
 	}
 	if l.root != "" {
 		if err := w.Add(filepath.Dir(l.root)); err != nil {
-			w.Close()
-			return fmt.Errorf("watching the parent of RUNTIME_ROOT %s (RUNTIME_WATCH_ROOT=true): %w", l.root, err)
+			// The rule directory itself is still watched: only a swap of
+			// RUNTIME_ROOT goes unnoticed.
+			l.logger.Warn("cannot watch the parent of RUNTIME_ROOT; a swap of RUNTIME_ROOT will not reload the rules (RUNTIME_WATCH_ROOT=false silences this)",
+				"runtime_root", l.root, "error", err)
+			l.root = ""
 		}
 	}
 	l.watcher = w
