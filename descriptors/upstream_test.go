@@ -68,14 +68,23 @@ func TestUpstreamErrorFixtures(t *testing.T) {
 	}
 }
 
-// TestUpstreamLookups: the lookups of upstream's TestBasicConfig and
-// TestDomainMerge, and the metric keys of its TestValueToMetric_* tests.
+// TestUpstreamLookups: the lookups and stats keys of upstream's
+// TestBasicConfig, TestDomainMerge, TestWildcardConfig and
+// TestShareThreshold.
 func TestUpstreamLookups(t *testing.T) {
 	basic, err := Parse(upstreamFiles(t, "basic_config.yaml"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	merged, err := Parse(upstreamFiles(t, "merge_domain_key1.yaml", "merge_domain_key2.yaml"), Options{MergeDomains: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wildcard, err := Parse(upstreamFiles(t, "wildcard.yaml"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	share, err := Parse(upstreamFiles(t, "share_threshold.yaml"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +120,22 @@ func TestUpstreamLookups(t *testing.T) {
 		{basic, "test-domain", e("key5", "value5", "subkey5", "subvalue5"), 25, UnitDay, "test-domain.key5_value5.subkey5_subvalue5"},
 		{merged, "test-domain", e("key1", "value1"), 10, UnitMinute, "test-domain.key1_value1"},
 		{merged, "test-domain", e("key2", "value2"), 20, UnitMinute, "test-domain.key2_value2"},
+		// TestWildcardConfig.
+		{wildcard, "test-domain", e("noVal", "foo1"), 20, UnitMinute, "test-domain.noVal"},
+		{wildcard, "test-domain", e("wild", "foo1"), 20, UnitMinute, "test-domain.wild_foo*"},
+		{wildcard, "test-domain", e("wild", "foo2"), 20, UnitMinute, "test-domain.wild_foo*"},
+		{wildcard, "test-domain", e("nestedWild", "val1", "wild", "goo2"), 20, UnitMinute, "test-domain.nestedWild_val1.wild_goo*"},
+		{wildcard, "test-domain", e("wild", "bar"), 0, 0, ""},
+		{wildcard, "test-domain", e("noWild", "foo1"), 0, 0, ""},
+		// TestShareThreshold.
+		{share, "test-domain", e("files", "files/a.txt"), 100, UnitMinute, "test-domain.files_files/*"},
+		{share, "test-domain", e("route", "api/v1", "method", "GET"), 60, UnitMinute, "test-domain.route_api/*.method"},
+		{share, "test-domain", e("service", "svc/user", "endpoint", "get"), 80, UnitMinute, "test-domain.service_svc/*.endpoint_get"},
+		{share, "test-domain", e("nested", "parent", "files", "nested/file1.txt"), 200, UnitMinute, "test-domain.nested_parent.files_nested/*"},
+		{share, "test-domain", e("files", "top/file1.txt", "files", "nested/file1.txt"), 300, UnitMinute, "test-domain.files_top/*.files_nested/*"},
+		{share, "test-domain", e("path", "path/foo", "file", "file/doc1", "type", "pdf"), 120, UnitMinute, "test-domain.path_path/*.file_file/*.type"},
+		{share, "test-domain", e("file", "test1"), 50, UnitMinute, "test-domain.file_test1"},
+		{share, "test-domain", e("file", "test2"), 100, UnitMinute, "test-domain.file_test*"},
 	} {
 		r := tt.set.Match(tt.domain, tt.entries)
 		var rpu uint32
@@ -189,5 +214,27 @@ descriptors:
 				t.Errorf("metric key %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestUpstreamShadowMode: upstream's TestShadowModeConfig, on its
+// shadowmode_config.yaml.
+func TestUpstreamShadowMode(t *testing.T) {
+	set, err := Parse(upstreamFiles(t, "shadowmode_config.yaml"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		entries []Entry
+		rpu     uint32
+		shadow  bool
+	}{
+		{[]Entry{{"key1", "value1"}, {"subkey1", "something"}}, 5, false},
+		{[]Entry{{"key1", "value1"}, {"subkey1", "subvalue1"}}, 10, true},
+	} {
+		r := set.Match("test-domain", tt.entries)
+		if r == nil || len(r.Limits) == 0 || r.Limits[0].RequestsPerUnit != tt.rpu || r.Limits[0].Unit != UnitSecond || r.ShadowMode != tt.shadow {
+			t.Errorf("%v: %+v, want %d/s, shadow %t", tt.entries, r, tt.rpu, tt.shadow)
+		}
 	}
 }
