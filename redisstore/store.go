@@ -49,7 +49,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/leapgate/leapgate/window"
 )
@@ -71,7 +70,7 @@ const (
 // Store is a window.Limiter backed by Redis. It is safe for concurrent use.
 // Close it to stop its health check and close its connections.
 type Store struct {
-	tracer   trace.Tracer // noop unless Options.TracerProvider
+	tracer   trace.Tracer // nil unless Options.TracerProvider
 	client   redis.UniversalClient
 	cluster  bool
 	prefix   string
@@ -139,12 +138,12 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		m.errors.WithLabelValues(op)
 	}
 	m.fallbacks.WithLabelValues(opts.FailureMode.String())
-	tp := opts.TracerProvider
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	var tracer trace.Tracer
+	if opts.TracerProvider != nil {
+		tracer = opts.TracerProvider.Tracer("github.com/leapgate/leapgate/redisstore")
 	}
 	s := &Store{
-		tracer:   tp.Tracer("github.com/leapgate/leapgate/redisstore"),
+		tracer:   tracer,
 		client:   client,
 		cluster:  cluster,
 		prefix:   opts.KeyPrefix,
