@@ -8,7 +8,6 @@ package charttest
 import (
 	"bytes"
 
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -24,41 +23,15 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/tooltest"
 )
 
 const chart = "../leapgate"
 
-// helmPath finds helm as internal/tooltest does for the service's module:
-// on PATH or where `go install` puts it; missing, the test is skipped (or
-// fails under LEAPGATE_REQUIRE_TOOLS, which scripts/test.sh sets).
-func helmPath(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("helm"); err == nil {
-		return p
-	}
-	out, _ := exec.Command("go", "env", "GOBIN", "GOPATH").Output()
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	var dirs []string
-	if len(lines) > 0 && lines[0] != "" {
-		dirs = append(dirs, lines[0])
-	}
-	if len(lines) > 1 {
-		for _, p := range filepath.SplitList(lines[1]) {
-			dirs = append(dirs, filepath.Join(p, "bin"))
-		}
-	}
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "helm")); err == nil {
-			return filepath.Join(d, "helm")
-		}
-	}
-	msg := "helm is not installed: `make test` installs it (see scripts/test.sh for the version)"
-	if os.Getenv("LEAPGATE_REQUIRE_TOOLS") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg + "; skipping")
-	return ""
-}
+// helmPath finds helm as the service's tests find their tools (on PATH or
+// where `go install` puts it; skipped when missing, or failing under
+// LEAPGATE_REQUIRE_TOOLS, which scripts/test.sh sets).
+func helmPath(t *testing.T) string { return tooltest.Path(t, "helm") }
 
 // objects is a rendered chart, decoded.
 type objects struct {
