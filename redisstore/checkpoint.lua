@@ -168,13 +168,14 @@ function CP.estimate(st)
 end
 
 -- CP.add records hits at time t (window.Counter's add).
-function CP.add(st, t, hits)
-  local tick = cpAbs(st, t) % CP_RANGE
+-- cpClose closes blocks of total hits stamped at t (us; its tick is tick)
+-- while they fill the next block and the ring has room, and returns the
+-- hits left over (window.Counter's closeBlocks).
+local function cpClose(st, total, t, tick)
   local stamp = tick
   if cpExact(st) then
     stamp = t
   end
-  local total = st.open + hits
   while st.n < cpSlots(st) do
     local b = cpSize(st, st.head + st.n)
     if total < b then
@@ -184,7 +185,18 @@ function CP.add(st, t, hits)
     st.ring[st.n] = stamp
     total = total - b
   end
-  st.open, st.otick = total, tick
+  return total
+end
+
+-- CP.add records hits at t, the newest time (window.Counter's add): open
+-- hits that already fill blocks are first closed at the open block's own
+-- time.
+function CP.add(st, t, hits)
+  local tick = cpAbs(st, t) % CP_RANGE
+  if st.open > 0 then
+    st.open = cpClose(st, st.open, CP.openTime(st), st.otick)
+  end
+  st.open, st.otick = cpClose(st, st.open + hits, t, tick), tick
 end
 
 -- CP.takeBack removes hits, newest first (window.Counter's takeBack).

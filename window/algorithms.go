@@ -107,6 +107,12 @@ type meter interface {
 	footprint() int64
 }
 
+// charger is a meter that serves Request.ChargeAlways (see
+// ChargeAlwaysSupported).
+type charger interface {
+	ChargeAt(now time.Duration, hits, limit uint64) Result
+}
+
 func newMeter(spec Spec, alg Algorithm) meter {
 	switch alg {
 	case TokenBucket:
@@ -274,6 +280,19 @@ func NewFixedCounter(spec Spec) *FixedCounter {
 // hits == 0 checks for one more. Reset is the time until the window ends.
 // Result.Bucket is the window number, for undo.
 func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
+	return f.admit(now, hits, limit, false)
+}
+
+// ChargeAt is AllowAt for hits consumed whether they fit or not
+// (Request.ChargeAlways): hits that do not fit are added all the same (the
+// count is capped at MaxLimit), and the answer is refused with Recorded
+// set, Remaining 0 and Reset the time until the window ends.
+func (f *FixedCounter) ChargeAt(now time.Duration, hits, limit uint64) Result {
+	return f.admit(now, hits, limit, true)
+}
+
+// admit is AllowAt, or ChargeAt when always is set.
+func (f *FixedCounter) admit(now time.Duration, hits, limit uint64, always bool) Result {
 	limit = min(limit, MaxLimit)
 	if now > 0 && int64(now) > f.seen.Load() {
 		f.seen.Store(int64(now)) // racy max, fine for LRU
@@ -294,6 +313,14 @@ func (f *FixedCounter) AllowAt(now time.Duration, hits, limit uint64) Result {
 		if hits == 0 {
 			r.Allowed = cnt < limit
 			return r
+		}
+		if (cnt > limit || hits > limit-cnt) && always {
+			total := min(cnt+min(hits, MaxLimit), MaxLimit)
+			if f.word.CompareAndSwap(w, pack(cur, total)) {
+				r.Recorded, r.Remaining = true, 0
+				return r
+			}
+			continue
 		}
 		if cnt > limit || hits > limit-cnt {
 			if hits > limit {

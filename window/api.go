@@ -44,6 +44,7 @@ package window
 
 import (
 	"context"
+	"errors"
 	"math"
 	"time"
 )
@@ -91,7 +92,31 @@ type Request struct {
 	// counter (the newest first, never below zero) instead of added. A
 	// refund is never refused; it applies only if the batch is not vetoed.
 	Negative bool
+	// ChargeAlways records Hits even when they do not fit: the window goes
+	// into debt (it counts more than Limit), the request is still answered
+	// as refused (Allowed false, Recorded true, Remaining 0), and every
+	// later request is refused until enough of the window has aged out to
+	// bring its count back under Limit. Its hits are never taken back by a
+	// vetoed batch (see Limiter.Do), though its refusal vetoes the batch as
+	// any refusal does. Only the algorithms ChargeAlwaysSupported names
+	// serve it; the Limiters refuse it on the others. It is for charges
+	// known only after the fact (tokens, bytes), which have been consumed
+	// whether they fit or not.
+	ChargeAlways bool
 }
+
+// ChargeAlwaysSupported reports whether algorithm a serves
+// Request.ChargeAlways: SlidingWindow and FixedWindow, whose counts can
+// exceed the limit. The others keep one slot per unit of limit
+// (SlidingLog), a single arrival time (TokenBucket) or are kept for
+// Sentinel's semantics (TimeBuckets), and refuse it.
+func ChargeAlwaysSupported(a Algorithm) bool {
+	return a == SlidingWindow || a == FixedWindow
+}
+
+// ErrChargeAlways is returned (wrapped) for a Request with ChargeAlways set
+// whose Algorithm does not serve it (see ChargeAlwaysSupported).
+var ErrChargeAlways = errors.New("window: charge always is served only by sliding_window and fixed_window")
 
 // Result is the answer to one Request.
 type Result struct {
@@ -133,9 +158,10 @@ type AlgorithmChecker interface {
 // distributed backend implements the same contract.
 type Limiter interface {
 	// Do answers every request, results[i] for reqs[i]. It is all-or-nothing:
-	// if any request with Veto set is refused, no request's hits are recorded;
+	// if any request with Veto set is refused, no request's hits are recorded
+	// (except those of ChargeAlways requests, which are always recorded);
 	// otherwise every allowed request's hits are recorded. Refused requests
-	// never consume quota.
+	// never consume quota, unless they are ChargeAlways.
 	Do(ctx context.Context, reqs []Request) ([]Result, error)
 	// Undo takes back hits recorded by an earlier Do (pairs of reqs[i] and
 	// results[i] with Recorded set), as if they had never been admitted.

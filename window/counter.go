@@ -126,6 +126,23 @@ func NewCounter(spec Spec) *Counter {
 // (hits > limit). Result.Bucket is the time (ns) the hits were recorded at,
 // for UndoAt.
 func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
+	return c.admit(now, hits, limit, false)
+}
+
+// ChargeAt is AllowAt for hits consumed whether they fit or not
+// (Request.ChargeAlways). Hits that fit are recorded and answered as
+// AllowAt does. Hits that do not are recorded all the same, at now: the
+// window then counts more than limit (a debt), and the answer is refused
+// with Recorded set, Remaining 0 and Reset the time until one more hit
+// would fit, which is when enough of the window, debt included, has aged
+// out. The count is capped at MaxLimit. With hits == 0 it is AllowAt's
+// check.
+func (c *Counter) ChargeAt(now time.Duration, hits, limit uint64) Result {
+	return c.admit(now, hits, limit, true)
+}
+
+// admit is AllowAt, or ChargeAt when always is set.
+func (c *Counter) admit(now time.Duration, hits, limit uint64, always bool) Result {
 	limit = min(limit, MaxLimit)
 	c.mu.Lock()
 	t, anchor := c.advance(now)
@@ -136,6 +153,12 @@ func (c *Counter) AllowAt(now time.Duration, hits, limit uint64) Result {
 	r := Result{Remaining: limit - min(est, limit), Bucket: t}
 	need := max(hits, 1)
 	switch {
+	case always && hits > 0 && (est > limit || hits > limit-est):
+		// Debt: every hit is counted, up to what the fields can hold.
+		hits = min(hits, MaxLimit-min(est, MaxLimit))
+		c.add(t, anchor, hits)
+		r.Recorded, r.Remaining = true, 0
+		r.Reset = c.retryAfter(now, anchor, c.estimate(), 1, limit)
 	case est > limit || need > limit-est:
 		r.Reset = c.retryAfter(now, anchor, est, need, limit)
 	case hits == 0:
@@ -321,13 +344,27 @@ func (c *Counter) advance(now time.Duration) (t, anchor int64) {
 }
 
 // add records hits at time t (the newest time seen, whose tick is tick): into
-// the open block, closing full blocks at t while the ring has room. c.mu is
-// held; the caller checked that the hits fit under the limit.
+// the open block, closing full blocks at t while the ring has room. Open
+// hits that already fill blocks (left while the ring was full, by a debt or
+// a raised limit) are first closed at the open block's own time, so they
+// age out when they would have rather than with these hits. c.mu is held;
+// the caller checked that the hits fit under the limit, or that the count
+// stays within MaxLimit (a debt).
 func (c *Counter) add(t, tick int64, hits uint64) {
-	total := uint64(c.open) + hits // at most the limit: fits in 32 bits
+	if c.open > 0 {
+		ot := c.lift(c.openTick, tick)
+		c.open = uint32(c.closeBlocks(uint64(c.open), ot*c.tick, ot))
+	}
+	total := c.closeBlocks(uint64(c.open)+hits, t, tick) // at most MaxLimit: fits in 32 bits
+	c.open, c.openTick = uint32(total), uint16(tick)
+}
+
+// closeBlocks closes blocks of total hits stamped at time t (tick tick)
+// while they fill the next block and the ring has room, and returns the
+// hits left over. c.mu is held.
+func (c *Counter) closeBlocks(total uint64, t, tick int64) uint64 {
 	for int(c.n) < c.slots() {
-		x := int(c.head) + int(c.n)
-		b := c.size(x)
+		b := c.size(int(c.head) + int(c.n))
 		if total < b {
 			break
 		}
@@ -335,7 +372,7 @@ func (c *Counter) add(t, tick int64, hits uint64) {
 		c.n++
 		total -= b
 	}
-	c.open, c.openTick = uint32(total), uint16(tick)
+	return total
 }
 
 // takeBack removes hits, newest first: from the open block, then reopening

@@ -163,7 +163,8 @@ func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= TimeBuckets }
 
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
-// nothing is recorded (allowed requests are admitted in order, then undone);
+// nothing is recorded (allowed requests are admitted in order, then undone)
+// but the hits of ChargeAlways requests, which are always recorded; other
 // refused requests never consume quota. Refunds (Negative requests) are
 // applied after the admissions, only if nothing was vetoed; a vetoed
 // refund's result is a check. A check-only request (Hits 0), a refund, or
@@ -194,6 +195,9 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 		if err := CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
 			return fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
 		}
+		if reqs[i].ChargeAlways && !ChargeAlwaysSupported(reqs[i].Algorithm) {
+			return fmt.Errorf("request %d (key %q): %v: %w", i, reqs[i].Key, reqs[i].Algorithm, ErrChargeAlways)
+		}
 	}
 	vetoed, refunds := false, false
 	for i := range reqs {
@@ -221,8 +225,8 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 	if vetoed {
 		for i := range reqs {
 			r := &results[i]
-			if !r.Recorded {
-				continue
+			if !r.Recorded || reqs[i].ChargeAlways {
+				continue // an always-charged request keeps its hits
 			}
 			s.undo(&reqs[i], r.Bucket)
 			r.Unrecord(&reqs[i])
@@ -336,7 +340,7 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	if m != nil && matches(m, req) {
 		// The read lock keeps Sweep and eviction from removing the counter
 		// while hits go in, so no admitted hit is lost with it.
-		r := m.AllowAt(now, req.Hits, req.Limit)
+		r := admit(m, now, req)
 		if req.Algorithm == SlidingLog {
 			s.bytes.Add(m.(*LogCounter).takeGrowth())
 		}
@@ -345,10 +349,11 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	}
 	sh.mu.RUnlock()
 	// Nothing is counted for this key: answer checks and requests that no
-	// window can take without creating a counter.
+	// window can take without creating a counter (unless they are charged
+	// all the same).
 	if limit := min(req.Limit, MaxLimit); req.Hits == 0 {
 		return Result{Allowed: limit > 0, Remaining: limit}
-	} else if req.Hits > limit {
+	} else if req.Hits > limit && !req.ChargeAlways {
 		return Result{Remaining: limit, Reset: req.Spec.Length()}
 	}
 
@@ -356,14 +361,14 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	defer sh.mu.Unlock()
 	old := sh.m[d]
 	if old != nil && matches(old, req) {
-		r := old.AllowAt(now, req.Hits, req.Limit)
+		r := admit(old, now, req)
 		if req.Algorithm == SlidingLog {
 			s.bytes.Add(old.(*LogCounter).takeGrowth())
 		}
 		return r
 	}
 	m = newMeter(req.Spec, req.Algorithm)
-	r := m.AllowAt(now, req.Hits, req.Limit)
+	r := admit(m, now, req)
 	if l, ok := m.(*LogCounter); ok {
 		l.takeGrowth() // in the footprint already
 	}
@@ -387,6 +392,17 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 		s.keys.Add(1)
 	}
 	return r
+}
+
+// admit answers req on its counter m: ChargeAt for an always-charged
+// request (DoAt checked that m serves it), AllowAt otherwise.
+func admit(m meter, now time.Duration, req *Request) Result {
+	if req.ChargeAlways {
+		if c, ok := m.(charger); ok {
+			return c.ChargeAt(now, req.Hits, req.Limit)
+		}
+	}
+	return m.AllowAt(now, req.Hits, req.Limit)
 }
 
 // refund answers a Negative request: its hits are taken back from the
