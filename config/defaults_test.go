@@ -59,6 +59,7 @@ var documentedDefaults = map[string]string{
 	"RUNTIME_APPDIRECTORY":                          "config",
 	"RUNTIME_WATCH_ROOT":                            "true",
 	"MERGE_DOMAIN_CONFIG":                           "false",
+	"DEFAULT_CHARGE":                                "when_allowed",
 	"EXAMPLE_RULES":                                 "false",
 	"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED":       "false",
 	"FORCE_START_WITHOUT_INITIAL_CONFIG":            "false",

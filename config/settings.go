@@ -155,6 +155,13 @@ type Settings struct {
 	// domain; their descriptors are merged (a descriptor defined twice is
 	// still an error). Off, a domain defined twice is an error.
 	MergeDomainConfig bool `envconfig:"MERGE_DOMAIN_CONFIG" default:"false"`
+	// DefaultCharge is the charge of every rate limit that does not set
+	// one: "when_allowed" (a refused hit consumes nothing) or "always" (every
+	// hit is recorded, even one that does not fit, for usage charged after
+	// the response), on the algorithms that can count beyond their limit
+	// (sliding_window, fixed_window). For rules, such as xDS ones, that
+	// cannot say charge themselves.
+	DefaultCharge string `envconfig:"DEFAULT_CHARGE" default:"when_allowed"`
 	// ExampleRules serves the embedded example rules (domain "example")
 	// instead of the rule directory, for trying the service out. Off, a
 	// rule directory that does not exist stops start-up with an error.

@@ -33,6 +33,9 @@ func (s Settings) Validate() error {
 			bad("PROMETHEUS_PATH", "%q does not start with /", s.PrometheusPath)
 		}
 	}
+	if s.DefaultCharge != "when_allowed" && s.DefaultCharge != "always" {
+		bad("DEFAULT_CHARGE", "%q is not when_allowed or always", s.DefaultCharge)
+	}
 	if s.GRPCMaxConnectionAge <= 0 {
 		bad("GRPC_MAX_CONNECTION_AGE", "must be positive, got %v", s.GRPCMaxConnectionAge)
 	}

@@ -55,6 +55,8 @@ type rawLimit struct {
 	bucketsSet      bool
 	algorithm       window.Algorithm
 	algorithmSet    bool
+	charge          string // as written; "" when absent
+	chargeSet       bool
 	bad             bool // a field was malformed (already reported)
 }
 
@@ -250,7 +252,7 @@ func (b *builder) addLimits(f *rawFile, d *rawDescriptor, rule *Rule) {
 			if rl.unit != "" {
 				b.errorf(f.name, at(rl.lines, "unit", rl.line), "should not specify rate limit unit when unlimited")
 			}
-			for _, field := range []string{"window", "unit_multiplier", "buckets", "algorithm"} {
+			for _, field := range []string{"window", "unit_multiplier", "buckets", "algorithm", "charge"} {
 				if _, set := rl.lines[field]; set {
 					b.errorf(f.name, at(rl.lines, field, rl.line), "should not specify %s when unlimited", field)
 				}
@@ -311,6 +313,22 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 			alg += ", the default,"
 		}
 		b.errorf(f.name, at(rl.lines, "buckets", rl.line), "buckets applies only to algorithm %s (%s keeps no time buckets)", window.TimeBuckets, alg)
+		return l, false
+	}
+	switch {
+	case !rl.chargeSet:
+		l.ChargeAlways = b.opts.ChargeAlways && window.ChargeAlwaysSupported(l.Algorithm)
+	case rl.charge == ChargeAlways:
+		if !window.ChargeAlwaysSupported(l.Algorithm) {
+			b.errorf(f.name, at(rl.lines, "charge", rl.line),
+				"charge %s applies only to algorithms %s and %s (%s cannot count beyond its limit)",
+				ChargeAlways, window.SlidingWindow, window.FixedWindow, l.Algorithm)
+			return l, false
+		}
+		l.ChargeAlways = true
+	case rl.charge == ChargeWhenAllowed:
+	default:
+		b.errorf(f.name, at(rl.lines, "charge", rl.line), "unknown charge '%s' (want %s or %s)", rl.charge, ChargeWhenAllowed, ChargeAlways)
 		return l, false
 	}
 	if rl.window > 0 {

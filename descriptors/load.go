@@ -22,6 +22,13 @@ type Options struct {
 	// descriptor one file defines again is still an error. Without it a
 	// domain defined twice is an error.
 	MergeDomains bool
+	// ChargeAlways (DEFAULT_CHARGE=always) is the charge of every limit
+	// that does not set one, where its algorithm serves it: sliding_window
+	// and fixed_window limits then record every hit, even one that does
+	// not fit (see Limit.ChargeAlways); other algorithms keep recording
+	// only what fits. For rule sets, such as xDS ones, that cannot say
+	// charge themselves.
+	ChargeAlways bool
 }
 
 // Parse builds a Set from rule files in memory, in the order given (a domain

@@ -29,7 +29,23 @@ type Limit struct {
 	// window.SlidingWindow); the loader refuses a limit it cannot enforce
 	// (window.CheckLimit) and Buckets on any but window.TimeBuckets.
 	Algorithm window.Algorithm
+	// ChargeAlways (charge: always, or Options.ChargeAlways for a limit
+	// that does not set charge) records every hit even when it does not
+	// fit, putting the window into debt (window.Request.ChargeAlways). The
+	// loader sets it only on algorithms that serve it
+	// (window.ChargeAlwaysSupported) and refuses charge: always on the
+	// others.
+	ChargeAlways bool
 }
+
+// The values of a rate_limit's charge field.
+const (
+	// ChargeWhenAllowed, the default, records hits only when they fit:
+	// a refused request consumes nothing.
+	ChargeWhenAllowed = "when_allowed"
+	// ChargeAlways records every hit, even one that does not fit (a debt).
+	ChargeAlways = "always"
+)
 
 // Window returns the window length of the limit: Length if set, else
 // Unit × UnitMultiplier.

@@ -25,7 +25,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata", "circuit_breaker"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
-		"unit_multiplier", "window", "buckets", "algorithm"}
+		"unit_multiplier", "window", "buckets", "algorithm", "charge"}
 	replacesFields = []string{"name"}
 	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",
 		"window", "buckets", "open_duration", "max_open_duration", "half_open_probes", "probe_timeout", "ramp_duration"}
@@ -255,6 +255,8 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 		case "buckets":
 			u, ok := r.unsigned(name, val, math.MaxInt32)
 			l.buckets, l.bucketsSet = int(u), ok
+		case "charge":
+			l.charge, l.chargeSet = r.str(name, val)
 		case "algorithm":
 			s, _ := r.str(name, val)
 			if a, ok := window.ParseAlgorithm(s); ok {

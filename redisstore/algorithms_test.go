@@ -26,7 +26,8 @@ type diffKey struct {
 // window.Store with the same random batches at the same times (the script
 // takes the test's time instead of Redis's TIME) and requires identical
 // answers: every algorithm, mixed batches, repeated keys, check-only
-// requests, refunds, vetoes, and Undo of recorded hits.
+// requests, refunds, vetoes, always-charged hits (debts), and Undo of
+// recorded hits.
 func TestMatchesInMemoryStore(t *testing.T) {
 	r := redistest.Start(t)
 	ft := &fakeTime{}
@@ -34,30 +35,35 @@ func TestMatchesInMemoryStore(t *testing.T) {
 	ctx := context.Background()
 	sw, tb, fw, lg := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog
 	for _, tc := range []struct {
-		name string
-		keys []diffKey
-		step time.Duration // time moves by up to this between batches
+		name   string
+		keys   []diffKey
+		step   time.Duration // time moves by up to this between batches
+		charge bool          // every request is ChargeAlways, with hits up to twice the limit
 	}{
 		{"sliding", []diffKey{
 			{sw, time.Second, 10, 10}, {sw, time.Second, 1, 5}, {sw, 3 * time.Second, 3, 7}, {sw, time.Second, 20, 0},
-		}, 120 * time.Millisecond},
-		{"sliding_minute", []diffKey{{sw, time.Minute, 20, 100}, {sw, time.Minute, 6, 4}}, 4 * time.Second},
+		}, 120 * time.Millisecond, false},
+		{"sliding_minute", []diffKey{{sw, time.Minute, 20, 100}, {sw, time.Minute, 6, 4}}, 4 * time.Second, false},
 		// Limits above window.Blocks: blocks of several hits, of two sizes.
-		{"sliding_blocks", []diffKey{{sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}}, 4 * time.Millisecond},
+		{"sliding_blocks", []diffKey{{sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}}, 4 * time.Millisecond, false},
 		{"token_bucket", []diffKey{
 			{tb, 10 * time.Second, 1, 10}, {tb, 10 * time.Second, 10, 3}, {tb, 60 * time.Second, 20, 7}, {tb, 10 * time.Second, 1, 0},
-		}, 2 * time.Second},
-		{"token_bucket_fine", []diffKey{{tb, 10 * time.Second, 1, 1000}, {tb, 10 * time.Second, 1, 6}}, 30 * time.Millisecond},
+		}, 2 * time.Second, false},
+		{"token_bucket_fine", []diffKey{{tb, 10 * time.Second, 1, 1000}, {tb, 10 * time.Second, 1, 6}}, 30 * time.Millisecond, false},
 		{"fixed_window", []diffKey{
 			{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 2}, {fw, 10 * time.Second, 10, 0},
-		}, 2 * time.Second},
+		}, 2 * time.Second, false},
 		{"sliding_log", []diffKey{
 			{lg, 10 * time.Second, 1, 5}, {lg, 20 * time.Second, 4, 9}, {lg, 10 * time.Second, 1, 0},
-		}, 2 * time.Second},
+		}, 2 * time.Second, false},
+		{"sliding_charge", []diffKey{
+			{sw, time.Second, 1, 10}, {sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1},
+		}, 60 * time.Millisecond, true},
+		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, true},
 		{"mixed", []diffKey{
 			{sw, 10 * time.Second, 10, 6}, {tb, 10 * time.Second, 1, 4}, {fw, 10 * time.Second, 1, 5}, {tb, 30 * time.Second, 3, 9},
 			{lg, 10 * time.Second, 1, 4},
-		}, time.Second},
+		}, time.Second, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := window.NewStore(window.StoreOptions{Clock: ft})
@@ -78,8 +84,13 @@ func TestMatchesInMemoryStore(t *testing.T) {
 				ft.set(now)
 				batch := make([]window.Request, 1+rng.IntN(4))
 				for i := range batch {
-					q := reqFor(rng.IntN(len(tc.keys)))
+					k := rng.IntN(len(tc.keys))
+					q := reqFor(k)
 					q.Hits = uint64(rng.IntN(4)) // 0 is check-only
+					if tc.charge {
+						q.ChargeAlways = true
+						q.Hits = rng.Uint64N(2*tc.keys[k].limit + 1)
+					}
 					q.Veto = rng.IntN(3) > 0
 					q.Negative = rng.IntN(5) == 0
 					batch[i] = q

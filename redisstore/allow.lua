@@ -27,7 +27,9 @@
 -- packed in one string as struct.pack('<ddddBBB', ...) per counter: bucket
 -- length b in microseconds, buckets per window k (the window W is k*b),
 -- limit, hits (0: check whether one more hit would fit), veto (1/0),
--- algorithm (0/1/2/3/4), negative (1: a refund).
+-- algorithm (0/1/2/3/4), flags (1: a refund; 2: charge always, hits are
+-- recorded even when they do not fit: window.Request.ChargeAlways, served
+-- by the sliding and the fixed window only).
 --
 -- Returns 5 integers per counter, groups in order: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding window and sliding log: the time in
@@ -37,8 +39,9 @@
 -- each seeing the earlier ones of the batch; then refunds are applied, in
 -- order; if a veto request was refused (or on a dry run), nothing is
 -- written and the answers of recorded requests become unrecorded, their
--- hits given back to remaining. A refund is never refused; in a vetoed
--- batch it is answered as a check.
+-- hits given back to remaining, except always-charged ones, which are
+-- written all the same. A refund is never refused; in a vetoed batch it is
+-- answered as a check.
 --
 -- Numbers are Lua doubles: exact integers up to 2^53. Times are kept in
 -- microseconds (Redis's TIME resolution); token bucket arithmetic is in
@@ -72,14 +75,20 @@ function CW.load(key, b, k)
   return st
 end
 
-function CW.allow(st, hits, limit)
+function CW.allow(st, hits, limit, always)
   if st.n == 0 and st.open == 0 then
     st.quota = CP.quotaFor(limit)
   end
   local est = CP.estimate(st)
   local r = {remaining = limit - math.min(est, limit), bucket = st.t}
   local need = math.max(hits, 1)
-  if est > limit or need > limit - est then
+  if always and hits > 0 and (est > limit or hits > limit - est) then
+    -- a debt: every hit is counted, up to what the fields hold
+    CP.add(st, st.t, math.min(hits, MAX_LIMIT - math.min(est, MAX_LIMIT)))
+    st.dirty, st.added = true, true
+    r.recorded, r.remaining = true, 0
+    r.reset = CP.retryAfter(st, CP.estimate(st), 1, limit)
+  elseif est > limit or need > limit - est then
     r.reset = CP.retryAfter(st, est, need, limit)
   elseif hits == 0 then
     r.allowed = true
@@ -330,12 +339,18 @@ function FW.load(key, b, k)
           exists = #fields > 0, dirty = false, added = false}
 end
 
-function FW.allow(st, hits, limit)
+function FW.allow(st, hits, limit, always)
   local cnt = st.cnt
   local r = {remaining = limit - math.min(cnt, limit),
              reset = clamp0((st.cur + 1) * st.w - now) * 1000, bucket = st.cur}
   if hits == 0 then
     r.allowed = cnt < limit
+    return r
+  end
+  if always and (cnt > limit or hits > limit - cnt) then
+    st.cnt = math.min(cnt + hits, MAX_LIMIT)
+    st.dirty, st.added = true, true
+    r.recorded, r.remaining = true, 0
     return r
   end
   if cnt > limit or hits > limit - cnt then
@@ -499,13 +514,13 @@ local function answer(q, hits)
   if not st.exists then
     if hits == 0 then
       return {allowed = limit > 0, remaining = limit, reset = 0, bucket = 0}
-    elseif hits > limit then
+    elseif hits > limit and not q.always then
       return {remaining = limit, reset = q.winNs, bucket = 0}
     end
     st.exists = true
     st.created = true
   end
-  return q.impl.allow(st, hits, limit)
+  return q.impl.allow(st, hits, limit, q.always and hits > 0)
 end
 
 -- runGroup answers one group: its n counters are KEYS[kb+1 .. kb+n], their
@@ -516,11 +531,15 @@ local function runGroup(kb, packed, n, dry, reply)
   local reqs = {}
   local pos = 1
   for i = 1, n do
-    local b, k, limit, hits, veto, alg, neg
-    b, k, limit, hits, veto, alg, neg, pos = struct.unpack('<ddddBBB', packed, pos)
+    local b, k, limit, hits, veto, alg, flags
+    b, k, limit, hits, veto, alg, flags, pos = struct.unpack('<ddddBBB', packed, pos)
     local impl = algs[alg]
     if impl == nil then
       return 'unknown algorithm ' .. tostring(alg)
+    end
+    local always = flags >= 2
+    if always and alg ~= 0 and alg ~= 2 then
+      return 'charge always is served only by the sliding and the fixed window'
     end
     local key = KEYS[kb + i]
     local st = states[key]
@@ -529,8 +548,8 @@ local function runGroup(kb, packed, n, dry, reply)
       states[key] = st
     end
     reqs[i] = {
-      limit = limit, hits = hits, veto = veto == 1, neg = neg == 1, st = st, impl = impl,
-      winNs = k * b * 1000,
+      limit = limit, hits = hits, veto = veto == 1, neg = flags % 2 == 1, always = always,
+      st = st, impl = impl, winNs = k * b * 1000,
     }
   end
 
@@ -543,6 +562,9 @@ local function runGroup(kb, packed, n, dry, reply)
       out[i] = r
       if q.veto and not r.allowed then
         vetoed = true
+      end
+      if q.always and r.recorded then
+        q.st.keep = true -- written whatever the batch's fate
       end
     end
   end
@@ -561,8 +583,11 @@ local function runGroup(kb, packed, n, dry, reply)
   if vetoed or dry then
     for i = 1, n do
       local r, q = out[i], reqs[i]
-      if r.recorded then
-        if q.st.alg == 0 and not dry then
+      if r.recorded and not q.always then
+        if q.st.alg == 2 and q.st.keep then
+          q.st.cnt = q.st.cnt - q.hits
+        end
+        if q.st.alg == 0 and (not dry or q.st.keep) then
           -- as window.Store does (record, then take back): the open block
           -- keeps the newer stamp, so both backends hold the same state
           CP.takeBack(q.st, q.hits)
@@ -574,9 +599,14 @@ local function runGroup(kb, packed, n, dry, reply)
     end
     -- a counter created by hits that were then taken back stays, empty, as
     -- in window.Store (its answers differ from a missing key's)
+    for key, st in pairs(states) do
+      if st.keep then
+        algs[st.alg].write(key, st)
+      end
+    end
     if not dry then
       for key, st in pairs(states) do
-        if st.undone then
+        if st.undone and not st.keep then
           CP.encode(key, st)
         end
         if st.created and st.alg == 1 then

@@ -33,7 +33,7 @@ var checkpointLua string
 // The scripts share common.lua's helpers and checkpoint.lua's counter,
 // prepended to each with the Counter's block count and exact-log limit.
 var (
-	prelude     = fmt.Sprintf("local BLOCKS, EXACT = %d, %d\n", window.Blocks, window.ExactLimit) + commonLua + checkpointLua
+	prelude     = fmt.Sprintf("local BLOCKS, EXACT, MAX_LIMIT = %d, %d, %d\n", window.Blocks, window.ExactLimit, uint64(window.MaxLimit)) + commonLua + checkpointLua
 	allowScript = redis.NewScript(prelude + allowLua)
 	undoScript  = redis.NewScript(prelude + undoLua)
 )
@@ -228,7 +228,8 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 }
 
 // packedArgBytes is the size of one counter's packed arguments: four
-// doubles and three bytes (struct.pack('<ddddBBB') in allow.lua).
+// doubles and three bytes (struct.pack('<ddddBBB') in allow.lua), the last
+// a flag byte: 1 for a refund (Negative), 2 for ChargeAlways.
 const packedArgBytes = 4*8 + 3
 
 // packArgs appends the allow script's arguments for r (see allow.lua). The
@@ -242,7 +243,7 @@ func packArgs(dst []byte, r *window.Request) []byte {
 	} {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
 	}
-	return append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative))
+	return append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative)|boolByte(r.ChargeAlways)<<1)
 }
 
 func boolByte(b bool) byte {
@@ -257,7 +258,7 @@ func boolByte(b bool) byte {
 func (s *Store) takeBack(ctx context.Context, reqs []window.Request, results []window.Result, send []int) error {
 	var undo []int
 	for _, i := range send {
-		if results[i].Recorded {
+		if results[i].Recorded && !reqs[i].ChargeAlways {
 			undo = append(undo, i)
 		}
 	}

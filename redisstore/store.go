@@ -1,7 +1,8 @@
 // Package redisstore keeps rate-limit counters in Redis, so that any number
 // of replicas enforce one limit together. Store implements window.Limiter
 // with the answers of the in-memory window.Store, for every
-// window.Algorithm and for refunds (Request.Negative): in any window of
+// window.Algorithm, for refunds (Request.Negative) and for always-charged
+// hits (Request.ChargeAlways, sliding and fixed windows): in any window of
 // length W at most Limit hits are admitted across all replicas (sliding
 // window), and a refused request consumes no quota.
 //
@@ -210,6 +211,9 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		if err := window.CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
 			return nil, fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
 		}
+		if reqs[i].ChargeAlways && !window.ChargeAlwaysSupported(reqs[i].Algorithm) {
+			return nil, fmt.Errorf("request %d (key %q): %v: %w", i, reqs[i].Key, reqs[i].Algorithm, window.ErrChargeAlways)
+		}
 	}
 
 	// The local cache answers keys known to be over their limit.
@@ -225,6 +229,10 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 				// may have seen exhausted.
 				s.cache.forget(r.Key)
 				send = append(send, i)
+				continue
+			}
+			if r.ChargeAlways && r.Hits > 0 {
+				send = append(send, i) // recorded even when over: Redis must see it
 				continue
 			}
 			if rem, reset, ok := s.cache.get(r.Key, now, min(r.Limit, maxLimit), need(r.Hits)); ok {

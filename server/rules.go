@@ -90,7 +90,7 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, clock wind
 
 // ruleOptions are the descriptors options the settings ask for.
 func ruleOptions(settings config.Settings) descriptors.Options {
-	return descriptors.Options{MergeDomains: settings.MergeDomainConfig}
+	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == "always"}
 }
 
 // CheckRules reports everything in set that the service or the breakers

@@ -43,7 +43,7 @@ func (l *ruleLoader) subscribe(ctx context.Context, x config.XDS) error {
 		BackoffMax:           x.BackoffMax,
 		Jitter:               x.BackoffJitter,
 		RandomFactor:         x.BackoffRandomFactor,
-		MergeDomains:         l.opts.MergeDomains,
+		Rules:                l.opts,
 		// A set the service or the breakers cannot serve is NACKed with
 		// the reason, like one that does not convert.
 		Apply: func(set *descriptors.Set) error {

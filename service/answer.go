@@ -84,7 +84,7 @@ func moreConstraining(a, b *window.Result) bool {
 // undo takes back hits that an over answer must not consume: those of
 // non-vetoing descriptors (shadow, quota) with some limit over, and, when the
 // request is refused overall without a veto having prevented recording (a
-// circuit breaker open), every recorded hit.
+// circuit breaker open), every recorded hit, except always-charged ones.
 func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result, over bool) error {
 	all := over && !s.shadow
 	for i := range sc.plans {
@@ -94,8 +94,8 @@ func (s *Service) undo(ctx context.Context, sc *scratch, results []window.Result
 		}
 		for j := p.first; j < p.first+p.n; j++ {
 			r := &results[j]
-			if !r.Recorded {
-				continue
+			if !r.Recorded || sc.reqs[j].ChargeAlways {
+				continue // an always-charged cost was consumed: it stays
 			}
 			sc.undoReq = append(sc.undoReq, sc.reqs[j])
 			sc.undoRes = append(sc.undoRes, *r)

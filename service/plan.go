@@ -230,6 +230,7 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 				}
 				sc.reqs = append(sc.reqs, window.Request{
 					Key: key, Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto, Algorithm: li.alg, Negative: p.refund,
+					ChargeAlways: li.charge && !p.refund,
 				})
 			}
 		case kindOverride:

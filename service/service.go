@@ -345,6 +345,7 @@ type limitInfo struct {
 	unit   rlsv3.RateLimitResponse_RateLimit_Unit
 	mult   uint32 // unit multiplier reported in current_limit (0 or 1: not reported)
 	alg    window.Algorithm
+	charge bool // descriptors.Limit.ChargeAlways
 }
 
 func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
@@ -382,12 +383,13 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			return info
 		}
 		li := limitInfo{
-			spec:  spec,
-			limit: uint64(l.RequestsPerUnit),
-			name:  l.Name,
-			unit:  rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
-			mult:  reportedMultiplier(l),
-			alg:   alg,
+			spec:   spec,
+			limit:  uint64(l.RequestsPerUnit),
+			name:   l.Name,
+			unit:   rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
+			mult:   reportedMultiplier(l),
+			alg:    alg,
+			charge: l.ChargeAlways,
 		}
 		li.suffix = specSuffix(spec, alg, "")
 		for _, prev := range info.limits {

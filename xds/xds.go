@@ -70,9 +70,9 @@ type Options struct {
 	RandomFactor float64
 	// Rand returns a number in [0, 1) for the jitter; nil is math/rand/v2.
 	Rand func() float64
-	// MergeDomains merges resources that define the same domain, as
-	// MERGE_DOMAIN_CONFIG does for files (descriptors.Options).
-	MergeDomains bool
+	// Rules says how resources become rules, as for files: merged domains
+	// (MERGE_DOMAIN_CONFIG) and the default charge (DEFAULT_CHARGE).
+	Rules descriptors.Options
 	// Apply installs a converted rule set, or refuses it with the reason
 	// (for example rules the service cannot serve): a refused set is NACKed
 	// and the last good rules keep serving. It is called from the
@@ -192,7 +192,7 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, rec
 			return received, received, fmt.Errorf("receiving from %s: %w", opts.ServerURL, err)
 		}
 		received = true
-		set, err := convert(resp, descriptors.Options{MergeDomains: opts.MergeDomains})
+		set, err := convert(resp, opts.Rules)
 		if err == nil {
 			err = opts.Apply(set)
 		}

@@ -269,7 +269,7 @@ func TestSubscribeOptions(t *testing.T) {
 		NodeID:               nodeID,
 		DialOptions:          []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
 		Headers:              map[string]string{"authorization": "Bearer s3cret"},
-		MergeDomains:         true,
+		Rules:                descriptors.Options{MergeDomains: true},
 		MaxRecvMsgSize:       1 << 10,
 		ConnectRetryInterval: 10 * time.Millisecond,
 		BackoffInitial:       10 * time.Millisecond,
