@@ -253,17 +253,21 @@ type routeDescriptor struct {
 	Entries []descriptors.Entry
 }
 
-// routeDescriptors lists every descriptor the routes' rate_limits produce,
-// with the filter (by stage) that sends it. A rate_limits entry whose stage
+// routeDescriptors lists every descriptor the routes' rate_limits produce
+// (and those of their RateLimitPerRoute configs), with the filter (by stage,
+// or by name for a per-route config) that sends it. A rate_limits entry whose stage
 // no filter evaluates is an error: it would never be sent.
 func routeDescriptors(f *envoyFacts, extraRateLimits map[string][]*routev3.RateLimit) ([]routeDescriptor, error) {
 	var out []routeDescriptor
 	var errs []error
-	add := func(route, cluster string, rls []*routev3.RateLimit) {
+	// add lists the descriptors of rls, sent by the filter named filter
+	// (a RateLimitPerRoute's) or, when filter is "", by each filter of
+	// their stage.
+	add := func(route, cluster, filter string, rls []*routev3.RateLimit) {
 		for _, rl := range rls {
 			var filters []ratelimitFilter
 			for _, flt := range f.RateLimits {
-				if flt.Config.GetStage() == rl.GetStage().GetValue() {
+				if filter == "" && flt.Config.GetStage() == rl.GetStage().GetValue() || filter != "" && flt.Name == filter {
 					filters = append(filters, flt)
 				}
 			}
@@ -283,10 +287,19 @@ func routeDescriptors(f *envoyFacts, extraRateLimits map[string][]*routev3.RateL
 		}
 	}
 	for _, r := range f.Routes {
-		add(r.GetName(), r.GetRoute().GetCluster(), r.GetRoute().GetRateLimits())
+		add(r.GetName(), r.GetRoute().GetCluster(), "", r.GetRoute().GetRateLimits())
+		for filter, cfg := range r.GetTypedPerFilterConfig() {
+			if per := new(ratelimitv3.RateLimitPerRoute); cfg.MessageIs(per) {
+				if err := cfg.UnmarshalTo(per); err != nil {
+					errs = append(errs, fmt.Errorf("route %q: %s: %w", r.GetName(), filter, err))
+					continue
+				}
+				add(r.GetName(), r.GetRoute().GetCluster(), filter, per.GetRateLimits())
+			}
+		}
 	}
 	for route, rls := range extraRateLimits {
-		add(route, "", rls)
+		add(route, "", "", rls)
 	}
 	return out, errors.Join(errs...)
 }
@@ -312,6 +325,16 @@ func checkRules(set *descriptors.Set, f *envoyFacts, rds []routeDescriptor) erro
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// hasBreakers reports whether any rule of set has a circuit breaker.
+func hasBreakers(set *descriptors.Set) bool {
+	for _, r := range set.Rules() {
+		if r.Breaker != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // checkBreakersReachable reports breaker rules keyed on a route or cluster
@@ -342,10 +365,11 @@ func checkBreakersReachable(set *descriptors.Set, routes, clusters []string) err
 
 // checkExtProc reports ext_proc filters that would not give Leapgate what
 // the breakers need: observability mode, request and response headers, and
-// the route and cluster attributes.
-func checkExtProc(f *envoyFacts) error {
+// the route and cluster attributes. With breakers (rules that have one) a
+// config without ext_proc is an error too: they would get no timings.
+func checkExtProc(f *envoyFacts, breakers bool) error {
 	var errs []error
-	if len(f.ExtProcs) == 0 {
+	if len(f.ExtProcs) == 0 && breakers {
 		errs = append(errs, errors.New("no ext_proc filter: the breakers would get no timings"))
 	}
 	for _, ep := range f.ExtProcs {
@@ -380,7 +404,7 @@ func checkBootstrap(data []byte, set *descriptors.Set) (*envoyFacts, error) {
 		return f, err
 	}
 	var errs []error
-	errs = append(errs, checkClusterRefs(f), checkExtProc(f))
+	errs = append(errs, checkClusterRefs(f), checkExtProc(f, hasBreakers(set)))
 	var routeNames []string
 	for _, r := range f.Routes {
 		if r.GetName() == "" {

@@ -243,7 +243,7 @@ func istioExample(files map[string][]byte) (*istioGateway, error) {
 			}
 		}
 	}
-	if err := checkExtProc(f); err != nil {
+	if err := checkExtProc(f, true); err != nil {
 		errs = append(errs, err)
 	}
 	checkGRPC := func(what, host string, port int) {

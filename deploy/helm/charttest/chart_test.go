@@ -1,8 +1,10 @@
 // Package charttest renders the Helm chart deploy/helm/leapgate with the
 // real helm binary (installed by scripts/test.sh), lints it, and decodes
 // every rendered object strictly into its Kubernetes API type, once per
-// values switch. It is a module of its own so that the Kubernetes API
-// types stay out of the service's module.
+// values switch; it also decodes the Envoy Gateway budget example
+// (examples/budget/envoy-gateway.yaml) into Envoy Gateway's API types. It
+// is a module of its own so that the Kubernetes API types stay out of the
+// service's module.
 package charttest
 
 import (
