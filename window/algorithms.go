@@ -49,6 +49,12 @@ const (
 	// capacity under steady load and much more for bursty clients (see
 	// BucketCounter). Pick it for Sentinel's semantics or comparisons.
 	TimeBuckets
+	// Concurrency limits requests in flight, not a rate: a hit holds a slot
+	// until a refund (Request.Negative) gives it back, or until its lease,
+	// Spec.Length(), ends; see LeaseCounter. Limits are capped at
+	// MaxLogLimit. Rule files spell it as a concurrency_limit block, not as
+	// a rate_limit algorithm, so ParseAlgorithm does not name it.
+	Concurrency
 )
 
 // String returns the algorithm's name in rule files.
@@ -64,6 +70,8 @@ func (a Algorithm) String() string {
 		return "sliding_log"
 	case TimeBuckets:
 		return "time_buckets"
+	case Concurrency:
+		return "concurrency"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
@@ -82,11 +90,14 @@ func ParseAlgorithm(name string) (Algorithm, bool) {
 
 // CheckLimit reports whether alg can enforce limit: nil for every algorithm
 // (limits above MaxLimit are clamped to it), except SlidingLog above
-// MaxLogLimit, which is ErrLogLimit. Rule loading and both Limiters refuse
-// by it.
+// MaxLogLimit, which is ErrLogLimit, and Concurrency above MaxLogLimit,
+// which is ErrConcurrencyLimit. Rule loading and both Limiters refuse by it.
 func CheckLimit(alg Algorithm, limit uint64) error {
-	if alg == SlidingLog && limit > MaxLogLimit {
+	switch {
+	case alg == SlidingLog && limit > MaxLogLimit:
 		return ErrLogLimit
+	case alg == Concurrency && limit > MaxLogLimit:
+		return ErrConcurrencyLimit
 	}
 	return nil
 }
@@ -107,6 +118,13 @@ type meter interface {
 	footprint() int64
 }
 
+// grower is a meter whose footprint changes after it was created (a
+// sliding log's ring, a lease counter's leases): the Store adds the change
+// to its accounted bytes after each call.
+type grower interface {
+	takeGrowth() int64
+}
+
 // charger is a meter that serves Request.ChargeAlways (see
 // ChargeAlwaysSupported).
 type charger interface {
@@ -123,6 +141,8 @@ func newMeter(spec Spec, alg Algorithm) meter {
 		return NewLogCounter(spec)
 	case TimeBuckets:
 		return NewBucketCounter(spec)
+	case Concurrency:
+		return NewLeaseCounter(spec)
 	}
 	return NewCounter(spec)
 }

@@ -103,6 +103,11 @@ type Request struct {
 	// known only after the fact (tokens, bytes), which have been consumed
 	// whether they fit or not.
 	ChargeAlways bool
+	// Holder names what holds the slots of a Concurrency request (such as
+	// a request ID), so that its refund gives back its own slots and no
+	// other's; "" is nobody (a refund then takes the oldest slots held by
+	// nobody). Other algorithms ignore it. See LeaseCounter.
+	Holder string
 }
 
 // ChargeAlwaysSupported reports whether algorithm a serves

@@ -534,7 +534,7 @@ func TestStoreSlidingLog(t *testing.T) {
 	if _, err := s.Do(ctx, []Request{big}); !errors.Is(err, ErrLogLimit) {
 		t.Fatalf("limit above MaxLogLimit: %v", err)
 	}
-	if !s.SupportsAlgorithm(SlidingLog) || !s.SupportsAlgorithm(TimeBuckets) || s.SupportsAlgorithm(TimeBuckets+1) {
+	if !s.SupportsAlgorithm(SlidingLog) || !s.SupportsAlgorithm(TimeBuckets) || !s.SupportsAlgorithm(Concurrency) || s.SupportsAlgorithm(Concurrency+1) {
 		t.Fatal("SupportsAlgorithm")
 	}
 }

@@ -157,9 +157,13 @@ var ErrInvalidSpec = errors.New("window: invalid Spec (build it with NewSpec)")
 // above MaxLogLimit.
 var ErrLogLimit = fmt.Errorf("window: sliding_log limit above its maximum of %d (one 8-byte timestamp per hit)", MaxLogLimit)
 
+// ErrConcurrencyLimit is returned (wrapped) for a Concurrency Request whose
+// Limit is above MaxLogLimit.
+var ErrConcurrencyLimit = fmt.Errorf("window: concurrency limit above its maximum of %d (one lease per request in flight)", MaxLogLimit)
+
 // SupportsAlgorithm reports whether a is an Algorithm the Store serves: all
 // of them (see AlgorithmChecker).
-func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= TimeBuckets }
+func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= Concurrency }
 
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
@@ -251,8 +255,8 @@ func (s *Store) Undo(ctx context.Context, reqs []Request, results []Result) erro
 }
 
 // CountAt returns the hits counted for key at now by a SlidingWindow,
-// SlidingLog or TimeBuckets counter (0 for an unknown key or another
-// algorithm).
+// SlidingLog or TimeBuckets counter, or the slots held by a Concurrency
+// one (0 for an unknown key or another algorithm).
 func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	d := s.digest(key)
 	sh := s.shard(d)
@@ -264,6 +268,8 @@ func (s *Store) CountAt(key string, now time.Duration) uint64 {
 	case *LogCounter:
 		return c.CountAt(now)
 	case *BucketCounter:
+		return c.CountAt(now)
+	case *LeaseCounter:
 		return c.CountAt(now)
 	}
 	return 0
@@ -341,9 +347,7 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 		// The read lock keeps Sweep and eviction from removing the counter
 		// while hits go in, so no admitted hit is lost with it.
 		r := admit(m, now, req)
-		if req.Algorithm == SlidingLog {
-			s.bytes.Add(m.(*LogCounter).takeGrowth())
-		}
+		s.addGrowth(m)
 		sh.mu.RUnlock()
 		return r
 	}
@@ -362,15 +366,13 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	old := sh.m[d]
 	if old != nil && matches(old, req) {
 		r := admit(old, now, req)
-		if req.Algorithm == SlidingLog {
-			s.bytes.Add(old.(*LogCounter).takeGrowth())
-		}
+		s.addGrowth(old)
 		return r
 	}
 	m = newMeter(req.Spec, req.Algorithm)
 	r := admit(m, now, req)
-	if l, ok := m.(*LogCounter); ok {
-		l.takeGrowth() // in the footprint already
+	if g, ok := m.(grower); ok {
+		g.takeGrowth() // in the footprint already
 	}
 	charge := entryBytes + m.footprint()
 	if old != nil {
@@ -394,9 +396,13 @@ func (s *Store) allow(now time.Duration, req *Request) Result {
 	return r
 }
 
-// admit answers req on its counter m: ChargeAt for an always-charged
-// request (DoAt checked that m serves it), AllowAt otherwise.
+// admit answers req on its counter m: AcquireAt with its holder for a
+// Concurrency request, ChargeAt for an always-charged request (DoAt checked
+// that m serves it), AllowAt otherwise.
 func admit(m meter, now time.Duration, req *Request) Result {
+	if l, ok := m.(*LeaseCounter); ok {
+		return l.AcquireAt(now, HolderID(req.Holder), req.Hits, req.Limit)
+	}
 	if req.ChargeAlways {
 		if c, ok := m.(charger); ok {
 			return c.ChargeAt(now, req.Hits, req.Limit)
@@ -413,14 +419,26 @@ func (s *Store) refund(now time.Duration, req *Request) Result {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	if m := sh.m[d]; m != nil && matches(m, req) {
-		r := m.refund(now, req.Hits, req.Limit)
-		if req.Algorithm == SlidingLog {
-			s.bytes.Add(m.(*LogCounter).takeGrowth())
+		var r Result
+		if l, ok := m.(*LeaseCounter); ok {
+			l.ReleaseAt(now, HolderID(req.Holder), req.Hits)
+			r = l.AcquireAt(now, 0, 0, req.Limit)
+		} else {
+			r = m.refund(now, req.Hits, req.Limit)
 		}
+		s.addGrowth(m)
 		return r
 	}
 	limit := min(req.Limit, MaxLimit)
 	return Result{Allowed: limit > 0, Remaining: limit}
+}
+
+// addGrowth adds to the accounted bytes the change in m's footprint since
+// the last call, for a meter whose footprint changes (see grower).
+func (s *Store) addGrowth(m meter) {
+	if g, ok := m.(grower); ok {
+		s.bytes.Add(g.takeGrowth())
+	}
 }
 
 // matches reports whether m is the counter req's Spec and Algorithm call
@@ -444,7 +462,12 @@ func (s *Store) undo(req *Request, bucket int64) {
 	sh := s.shard(d)
 	sh.mu.RLock()
 	if m := sh.m[d]; m != nil && matches(m, req) {
-		m.undo(bucket, req.Hits, req.Limit)
+		if l, ok := m.(*LeaseCounter); ok {
+			l.undoAt(bucket, HolderID(req.Holder), req.Hits)
+		} else {
+			m.undo(bucket, req.Hits, req.Limit)
+		}
+		s.addGrowth(m)
 	}
 	sh.mu.RUnlock()
 }
