@@ -22,6 +22,15 @@ type diffKey struct {
 	limit  uint64
 }
 
+// diffMode is how a differential run's requests are made.
+type diffMode int
+
+const (
+	plain   diffMode = iota
+	charged          // every request is ChargeAlways, with hits up to twice the limit
+	held             // requests name one of a few holders, or none (Concurrency)
+)
+
 // TestMatchesInMemoryStore drives the Redis store and the in-memory
 // window.Store with the same random batches at the same times (the script
 // takes the test's time instead of Redis's TIME) and requires identical
@@ -33,37 +42,39 @@ func TestMatchesInMemoryStore(t *testing.T) {
 	ft := &fakeTime{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
-	sw, tb, fw, lg := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog
+	sw, tb, fw, lg, cc := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.Concurrency
 	for _, tc := range []struct {
 		name   string
 		keys   []diffKey
 		step   time.Duration // time moves by up to this between batches
-		charge bool          // every request is ChargeAlways, with hits up to twice the limit
+		mode   diffMode
 	}{
 		{"sliding", []diffKey{
 			{sw, time.Second, 10, 10}, {sw, time.Second, 1, 5}, {sw, 3 * time.Second, 3, 7}, {sw, time.Second, 20, 0},
-		}, 120 * time.Millisecond, false},
-		{"sliding_minute", []diffKey{{sw, time.Minute, 20, 100}, {sw, time.Minute, 6, 4}}, 4 * time.Second, false},
+		}, 120 * time.Millisecond, plain},
+		{"sliding_minute", []diffKey{{sw, time.Minute, 20, 100}, {sw, time.Minute, 6, 4}}, 4 * time.Second, plain},
 		// Limits above window.Blocks: blocks of several hits, of two sizes.
-		{"sliding_blocks", []diffKey{{sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}}, 4 * time.Millisecond, false},
+		{"sliding_blocks", []diffKey{{sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}}, 4 * time.Millisecond, plain},
 		{"token_bucket", []diffKey{
 			{tb, 10 * time.Second, 1, 10}, {tb, 10 * time.Second, 10, 3}, {tb, 60 * time.Second, 20, 7}, {tb, 10 * time.Second, 1, 0},
-		}, 2 * time.Second, false},
-		{"token_bucket_fine", []diffKey{{tb, 10 * time.Second, 1, 1000}, {tb, 10 * time.Second, 1, 6}}, 30 * time.Millisecond, false},
+		}, 2 * time.Second, plain},
+		{"token_bucket_fine", []diffKey{{tb, 10 * time.Second, 1, 1000}, {tb, 10 * time.Second, 1, 6}}, 30 * time.Millisecond, plain},
 		{"fixed_window", []diffKey{
 			{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 2}, {fw, 10 * time.Second, 10, 0},
-		}, 2 * time.Second, false},
+		}, 2 * time.Second, plain},
 		{"sliding_log", []diffKey{
 			{lg, 10 * time.Second, 1, 5}, {lg, 20 * time.Second, 4, 9}, {lg, 10 * time.Second, 1, 0},
-		}, 2 * time.Second, false},
+		}, 2 * time.Second, plain},
 		{"sliding_charge", []diffKey{
 			{sw, time.Second, 1, 10}, {sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1},
-		}, 60 * time.Millisecond, true},
-		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, true},
+		}, 60 * time.Millisecond, charged},
+		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, charged},
+		{"concurrency", []diffKey{{cc, 3 * time.Second, 1, 3}, {cc, 2 * time.Second, 1, 1}, {cc, 10 * time.Second, 1, 0}},
+			time.Second, held},
 		{"mixed", []diffKey{
 			{sw, 10 * time.Second, 10, 6}, {tb, 10 * time.Second, 1, 4}, {fw, 10 * time.Second, 1, 5}, {tb, 30 * time.Second, 3, 9},
-			{lg, 10 * time.Second, 1, 4},
-		}, time.Second, false},
+			{lg, 10 * time.Second, 1, 4}, {cc, 10 * time.Second, 1, 2},
+		}, time.Second, held},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mem := window.NewStore(window.StoreOptions{Clock: ft})
@@ -87,9 +98,12 @@ func TestMatchesInMemoryStore(t *testing.T) {
 					k := rng.IntN(len(tc.keys))
 					q := reqFor(k)
 					q.Hits = uint64(rng.IntN(4)) // 0 is check-only
-					if tc.charge {
+					switch tc.mode {
+					case charged:
 						q.ChargeAlways = true
 						q.Hits = rng.Uint64N(2*tc.keys[k].limit + 1)
+					case held:
+						q.Holder = []string{"", "", "a", "b", "c", "d"}[rng.IntN(6)]
 					}
 					q.Veto = rng.IntN(3) > 0
 					q.Negative = rng.IntN(5) == 0

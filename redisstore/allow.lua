@@ -16,6 +16,8 @@
 --   4 time buckets (window.BucketCounter): KEYS[i] is a hash whose fields
 --     are bucket epochs floor(now / b) and whose values are the hits
 --     recorded in that bucket.
+--   5 concurrency (window.LeaseCounter): KEYS[i] is a hash of leases (see
+--     CC below); the lease length is the window.
 --
 -- The call answers one or more groups, each the batch of one Store.Do (its
 -- requests all-or-nothing), in order, at one instant:
@@ -27,9 +29,10 @@
 -- packed in one string as struct.pack('<ddddBBB', ...) per counter: bucket
 -- length b in microseconds, buckets per window k (the window W is k*b),
 -- limit, hits (0: check whether one more hit would fit), veto (1/0),
--- algorithm (0/1/2/3/4), flags (1: a refund; 2: charge always, hits are
+-- algorithm (0/1/2/3/4/5), flags (1: a refund; 2: charge always, hits are
 -- recorded even when they do not fit: window.Request.ChargeAlways, served
--- by the sliding and the fixed window only).
+-- by the sliding and the fixed window only); for algorithm 5, one more
+-- double: the holder (window.HolderID, 0 for nobody).
 --
 -- Returns 5 integers per counter, groups in order: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding window and sliding log: the time in
@@ -504,8 +507,189 @@ function LG.write(key, st)
   return any
 end
 
+------------------------------------------------------------- concurrency
+-- window.LeaseCounter: a hash with one field per lease, "h<id>" for a
+-- holder's (id: window.HolderID) and "~<start>" for slots held by nobody
+-- leased at start, valued "<start> <slots>" (start in microseconds), plus
+-- "seen" (the newest time written). A lease ends a window after its start.
+local CC = {}
+
+function CC.load(key, b, k)
+  local fields = redis.call('HGETALL', key)
+  local w = k * b
+  local seen, ls = nil, {}
+  for j = 1, #fields, 2 do
+    if fields[j] == 'seen' then
+      seen = tonumber(fields[j + 1])
+    else
+      local s0, n = string.match(fields[j + 1], '^(%d+) (%d+)$')
+      if s0 then
+        ls[#ls + 1] = {f = fields[j], start = tonumber(s0), n = tonumber(n)}
+      end
+    end
+  end
+  local t = now -- a clock that steps back stands still
+  if seen and seen > t then
+    t = seen
+  end
+  table.sort(ls, function(x, y)
+    if x.start ~= y.start then
+      return x.start < y.start
+    end
+    return x.f < y.f
+  end)
+  local st = {alg = 5, w = w, t = t, ls = {}, held = 0, exists = #fields > 0, dirty = {},
+              changed = false, added = false}
+  for _, l in ipairs(ls) do
+    if l.start <= t - w then
+      st.dirty[l.f] = true -- ended: deleted with the next write
+    else
+      st.ls[#st.ls + 1] = l
+      st.held = st.held + l.n
+    end
+  end
+  return st
+end
+
+local function ccLastEnd(st)
+  if #st.ls == 0 then
+    return 0
+  end
+  return clamp0(st.ls[#st.ls].start + st.w - now) * 1000
+end
+
+local function ccRetryAfter(st, need, limit)
+  if need > limit then
+    return st.w * 1000
+  end
+  local held = st.held
+  for _, l in ipairs(st.ls) do
+    held = held - l.n
+    if held + need <= limit then
+      return clamp0(l.start + st.w - now) * 1000
+    end
+  end
+  return ccLastEnd(st)
+end
+
+local function ccFind(st, f)
+  for i, l in ipairs(st.ls) do
+    if l.f == f then
+      return i
+    end
+  end
+  return nil
+end
+
+-- ccTake removes up to hits slots of lease i, and the lease once empty.
+local function ccTake(st, i, hits)
+  local l = st.ls[i]
+  local took = math.min(hits, l.n)
+  l.n = l.n - took
+  st.held = st.held - took
+  st.dirty[l.f], st.changed = true, true
+  if l.n == 0 then
+    table.remove(st.ls, i)
+    return true
+  end
+  return false
+end
+
+local function ccHolderField(holder, t)
+  if holder ~= 0 then
+    return 'h' .. field(holder)
+  end
+  return '~' .. field(t)
+end
+
+function CC.allow(st, hits, limit, _, holder)
+  local r = {remaining = limit - math.min(st.held, limit), bucket = st.t}
+  local need = math.max(hits, 1)
+  if st.held > limit or need > limit - st.held then
+    r.reset = ccRetryAfter(st, need, limit)
+    return r
+  end
+  if hits == 0 then
+    r.allowed = true
+    r.reset = ccLastEnd(st)
+    return r
+  end
+  local f = ccHolderField(holder, st.t)
+  local n = hits
+  local i = ccFind(st, f)
+  if i then
+    n = n + st.ls[i].n
+    table.remove(st.ls, i)
+  end
+  st.ls[#st.ls + 1] = {f = f, start = st.t, n = n}
+  st.held = st.held + hits
+  st.dirty[f], st.changed, st.added = true, true, true
+  r.allowed, r.recorded = true, true
+  r.remaining = limit - st.held
+  r.reset = ccLastEnd(st)
+  return r
+end
+
+-- refund gives back the holder's slots, or the oldest held by nobody.
+function CC.refund(st, hits, _, holder)
+  if holder ~= 0 then
+    local i = ccFind(st, ccHolderField(holder, 0))
+    if i then
+      ccTake(st, i, hits)
+    end
+    return
+  end
+  local i = 1
+  while i <= #st.ls and hits > 0 do
+    local l = st.ls[i]
+    if string.sub(l.f, 1, 1) == '~' then
+      local took = math.min(hits, l.n)
+      hits = hits - took
+      if not ccTake(st, i, took) then
+        i = i + 1
+      end
+    else
+      i = i + 1
+    end
+  end
+end
+
+-- undo takes back hits slots recorded by allow at st.t, as
+-- window.LeaseCounter's undoAt does.
+function CC.undo(st, hits, holder)
+  local i = ccFind(st, ccHolderField(holder, st.t))
+  if i then
+    ccTake(st, i, hits)
+  end
+end
+
+function CC.write(key, st)
+  if not st.changed then
+    return false
+  end
+  if #st.ls == 0 then
+    redis.call('DEL', key)
+    return true
+  end
+  local live = {}
+  for _, l in ipairs(st.ls) do
+    live[l.f] = true
+    if st.dirty[l.f] then
+      redis.call('HSET', key, l.f, field(l.start) .. ' ' .. field(l.n))
+    end
+  end
+  for f in pairs(st.dirty) do
+    if not live[f] then
+      redis.call('HDEL', key, f)
+    end
+  end
+  redis.call('HSET', key, 'seen', field(st.t))
+  redis.call('PEXPIRE', key, math.ceil((st.ls[#st.ls].start + st.w - now) / 1000) + 1)
+  return true
+end
+
 ----------------------------------------------------------------- the batch
-local algs = {[0] = CW, [1] = TB, [2] = FW, [3] = LG, [4] = SW}
+local algs = {[0] = CW, [1] = TB, [2] = FW, [3] = LG, [4] = SW, [5] = CC}
 
 -- answer is a request's answer on its counter, with window.Store's answers
 -- for a key that holds no counter (created only by hits that may fit).
@@ -520,7 +704,7 @@ local function answer(q, hits)
     st.exists = true
     st.created = true
   end
-  return q.impl.allow(st, hits, limit, q.always and hits > 0)
+  return q.impl.allow(st, hits, limit, q.always and hits > 0, q.holder)
 end
 
 -- runGroup answers one group: its n counters are KEYS[kb+1 .. kb+n], their
@@ -541,6 +725,10 @@ local function runGroup(kb, packed, n, dry, reply)
     if always and alg ~= 0 and alg ~= 2 then
       return 'charge always is served only by the sliding and the fixed window'
     end
+    local holder = 0
+    if alg == 5 then
+      holder, pos = struct.unpack('<d', packed, pos)
+    end
     local key = KEYS[kb + i]
     local st = states[key]
     if st == nil then
@@ -549,7 +737,7 @@ local function runGroup(kb, packed, n, dry, reply)
     end
     reqs[i] = {
       limit = limit, hits = hits, veto = veto == 1, neg = flags % 2 == 1, always = always,
-      st = st, impl = impl, winNs = k * b * 1000,
+      holder = holder, st = st, impl = impl, winNs = k * b * 1000,
     }
   end
 
@@ -574,8 +762,8 @@ local function runGroup(kb, packed, n, dry, reply)
       if vetoed or dry or not q.st.exists then
         out[i] = answer(q, 0)
       else
-        q.impl.refund(q.st, q.hits, q.limit)
-        out[i] = q.impl.allow(q.st, 0, q.limit)
+        q.impl.refund(q.st, q.hits, q.limit, q.holder)
+        out[i] = q.impl.allow(q.st, 0, q.limit, false, q.holder)
       end
     end
   end
@@ -592,6 +780,10 @@ local function runGroup(kb, packed, n, dry, reply)
           -- keeps the newer stamp, so both backends hold the same state
           CP.takeBack(q.st, q.hits)
           q.st.undone = true
+        elseif q.st.alg == 5 and not dry then
+          -- likewise: a holder admitted again keeps its newer lease
+          CC.undo(q.st, q.hits, q.holder)
+          q.st.undone = true
         end
         r.recorded = false
         r.remaining = math.min(r.remaining + q.hits, q.limit)
@@ -607,7 +799,11 @@ local function runGroup(kb, packed, n, dry, reply)
     if not dry then
       for key, st in pairs(states) do
         if st.undone and not st.keep then
-          CP.encode(key, st)
+          if st.alg == 0 then
+            CP.encode(key, st)
+          else
+            CC.write(key, st)
+          end
         end
         if st.created and st.alg == 1 then
           redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))

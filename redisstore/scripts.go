@@ -62,7 +62,8 @@ func (s *Store) redisKey(key string) string {
 
 // counterKey returns the Redis key of req's counter: redisKey, with a
 // suffix naming the algorithm for the sliding window (":sw"), the token
-// bucket (":tb"), the fixed window (":fw") and the sliding log (":log"), so
+// bucket (":tb"), the fixed window (":fw"), the sliding log (":log") and
+// the concurrency limit (":cc"), so
 // that a key never meets a layout it was not written with (time buckets
 // keep the bare key, which earlier versions used for their sliding
 // window's hash). The hash tag, hence the slot, is the
@@ -77,6 +78,8 @@ func (s *Store) counterKey(req *window.Request) string {
 		return s.redisKey(req.Key) + ":fw"
 	case window.SlidingLog:
 		return s.redisKey(req.Key) + ":log"
+	case window.Concurrency:
+		return s.redisKey(req.Key) + ":cc"
 	}
 	return s.redisKey(req.Key)
 }
@@ -88,7 +91,7 @@ const timeBucket = int64(time.Microsecond)
 
 // bucketIsTime reports whether a's Result.Bucket is a time (see timeBucket).
 func bucketIsTime(a window.Algorithm) bool {
-	return a == window.SlidingWindow || a == window.SlidingLog
+	return a == window.SlidingWindow || a == window.SlidingLog || a == window.Concurrency
 }
 
 // flag renders a bool as a script argument.
@@ -229,7 +232,8 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 
 // packedArgBytes is the size of one counter's packed arguments: four
 // doubles and three bytes (struct.pack('<ddddBBB') in allow.lua), the last
-// a flag byte: 1 for a refund (Negative), 2 for ChargeAlways.
+// a flag byte: 1 for a refund (Negative), 2 for ChargeAlways; a Concurrency
+// request has one more double, its holder.
 const packedArgBytes = 4*8 + 3
 
 // packArgs appends the allow script's arguments for r (see allow.lua). The
@@ -243,7 +247,22 @@ func packArgs(dst []byte, r *window.Request) []byte {
 	} {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
 	}
-	return append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative)|boolByte(r.ChargeAlways)<<1)
+	dst = append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative)|boolByte(r.ChargeAlways)<<1)
+	if r.Algorithm == window.Concurrency {
+		// One more double: the holder (window.HolderID, 48 bits: exact).
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(window.HolderID(r.Holder))))
+	}
+	return dst
+}
+
+// leaseField is the field of a concurrency counter's hash that holds the
+// slots req recorded at bucket (a time in microseconds): its holder's, or
+// the one of slots held by nobody leased at that time (see allow.lua).
+func leaseField(req *window.Request, bucket int64) string {
+	if id := window.HolderID(req.Holder); id != 0 {
+		return "h" + strconv.FormatUint(id, 10)
+	}
+	return "~" + strconv.FormatInt(bucket, 10)
 }
 
 func boolByte(b bool) byte {
@@ -296,7 +315,11 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 			if bucketIsTime(r.Algorithm) {
 				bucket /= timeBucket
 			}
-			c.args = append(c.args, int(r.Algorithm), bucket, min(r.Hits, maxLimit),
+			var field any = bucket
+			if r.Algorithm == window.Concurrency {
+				field = leaseField(r, bucket)
+			}
+			c.args = append(c.args, int(r.Algorithm), field, min(r.Hits, maxLimit),
 				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
 		}
 	}

@@ -106,8 +106,9 @@ var (
 )
 
 // SupportsAlgorithm reports whether the Store serves a: every Algorithm of
-// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog, TimeBuckets).
-func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.TimeBuckets }
+// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog,
+// TimeBuckets, Concurrency).
+func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.Concurrency }
 
 // New returns a Store for opts. It does not wait for Redis: it starts a
 // health check that runs until ctx is done or Close is called, logs whether

@@ -439,8 +439,8 @@ func TestInvalidSpec(t *testing.T) {
 	// An unknown algorithm is an error, and SupportsAlgorithm says so
 	// beforehand (the service rejects such rules when loading).
 	sp := mustSpec(t, time.Second, 10)
-	unknown := window.TimeBuckets + 1
-	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.TimeBuckets, unknown} {
+	unknown := window.Concurrency + 1
+	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.TimeBuckets, window.Concurrency, unknown} {
 		_, err := s.Do(ctx, []window.Request{{Key: "alg", Spec: sp, Limit: 1, Hits: 1, Algorithm: a}})
 		if supported := s.SupportsAlgorithm(a); supported != (err == nil) || supported == (a == unknown) {
 			t.Errorf("%v: supported %t, Do error %v", a, supported, err)

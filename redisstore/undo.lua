@@ -5,7 +5,8 @@
 -- KEYS[i]  counter i
 -- ARGV[2+6*(i-1) .. 7+6*(i-1)], for counter i: algorithm (0 sliding
 --          window, 1 token bucket, 2 fixed window, 3 sliding log, 4 time
---          buckets), the bucket the hits were recorded in (Result.Bucket),
+--          buckets, 5 concurrency), the bucket the hits were recorded in
+--          (Result.Bucket; for concurrency, the field of their lease),
 --          the hits, the limit, bucket length in microseconds, buckets per
 --          window.
 --
@@ -31,6 +32,21 @@ for i = 1, #KEYS do
     if st.exists and st.newest - tonumber(field) < st.w and hits > 0 then
       CP.takeBack(st, hits)
       CP.encode(key, st)
+    end
+  elseif alg == '5' then
+    -- field names the lease (allow.lua's CC): its slots come off it
+    local v = redis.call('HGET', key, field)
+    local s0, n = nil, nil
+    if v then
+      s0, n = string.match(v, '^(%d+) (%d+)$')
+    end
+    if s0 and hits > 0 then
+      n = tonumber(n) - hits
+      if n > 0 then
+        redis.call('HSET', key, field, s0 .. ' ' .. string.format('%.0f', n))
+      else
+        redis.call('HDEL', key, field)
+      end
     end
   elseif alg == '4' then
     local c = tonumber(redis.call('HGET', key, field))
