@@ -44,10 +44,10 @@ func TestMatchesInMemoryStore(t *testing.T) {
 	ctx := context.Background()
 	sw, tb, fw, lg, cc := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.Concurrency
 	for _, tc := range []struct {
-		name   string
-		keys   []diffKey
-		step   time.Duration // time moves by up to this between batches
-		mode   diffMode
+		name string
+		keys []diffKey
+		step time.Duration // time moves by up to this between batches
+		mode diffMode
 	}{
 		{"sliding", []diffKey{
 			{sw, time.Second, 10, 10}, {sw, time.Second, 1, 5}, {sw, 3 * time.Second, 3, 7}, {sw, time.Second, 20, 0},
