@@ -35,6 +35,7 @@ type rawDescriptor struct {
 	shareThreshold bool
 	metadata       map[string]any
 	breaker        *Breaker // validated and defaulted by the YAML reader
+	concurrency    *rawConcurrency
 	children       []*rawDescriptor
 	bad            bool // key or value was malformed (already reported)
 }
@@ -58,6 +59,18 @@ type rawLimit struct {
 	charge          string // as written; "" when absent
 	chargeSet       bool
 	bad             bool // a field was malformed (already reported)
+}
+
+// rawConcurrency is one concurrency_limit block.
+type rawConcurrency struct {
+	line        int
+	lines       map[string]int
+	maxInFlight uint32
+	maxSet      bool
+	lease       time.Duration
+	leaseSet    bool
+	holderKey   string
+	bad         bool // a field was malformed (already reported)
 }
 
 // rawReplace is one replaces entry.
@@ -200,6 +213,7 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 			}),
 		}
 		b.addLimits(f, d, rule)
+		b.addConcurrency(f, d, rule)
 		if other, dup := b.ids[id]; dup {
 			b.errorf(f.name, d.line, "descriptor id '%s' is also the id of the descriptor at %s (keys or values containing '.' or '_' make paths ambiguous)",
 				id, location(other.File, other.Line))
@@ -232,6 +246,34 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 			g.exact[d.value] = n
 		}
 		b.addChildren(f, n, id, rule.Path, rule.levels, d.children)
+	}
+}
+
+// addConcurrency validates the descriptor's concurrency_limit block into
+// rule: one Limit of algorithm window.Concurrency, and its holder key.
+func (b *builder) addConcurrency(f *rawFile, d *rawDescriptor, rule *Rule) {
+	c := d.concurrency
+	if c == nil || c.bad {
+		return
+	}
+	if len(d.limits) > 0 {
+		b.errorf(f.name, c.line, "concurrency_limit cannot be combined with rate_limit or rate_limits on one descriptor (a refund would give back both)")
+		return
+	}
+	switch {
+	case !c.maxSet:
+		b.errorf(f.name, c.line, "concurrency_limit: max_in_flight is required")
+	case !c.leaseSet:
+		b.errorf(f.name, c.line, "concurrency_limit: lease is required (the longest a request may hold its slot when its end is never reported)")
+	case window.CheckLimit(window.Concurrency, uint64(c.maxInFlight)) != nil:
+		b.errorf(f.name, at(c.lines, "max_in_flight", c.line), "concurrency_limit: max_in_flight %d is above the maximum of %d", c.maxInFlight, window.MaxLogLimit)
+	case c.holderKey != "" && c.holderKey == d.key:
+		b.errorf(f.name, at(c.lines, "holder_key", c.line), "concurrency_limit: holder_key '%s' is the descriptor's own key", c.holderKey)
+	default:
+		l := Limit{RequestsPerUnit: c.maxInFlight, Length: c.lease, Algorithm: window.Concurrency}
+		l.Unit, l.UnitMultiplier = reportingUnit(c.lease)
+		rule.Limits = append(rule.Limits, l)
+		rule.HolderKey = c.holderKey
 	}
 }
 

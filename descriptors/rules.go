@@ -189,6 +189,11 @@ type Rule struct {
 	Metadata map[string]any
 	// Breaker is the descriptor's circuit breaker, nil when it has none.
 	Breaker *Breaker
+	// HolderKey is the key of the entry that names a request holding
+	// slots of the rule's concurrency_limit (holder_key), "" when it has
+	// none: a descriptor that ends with an entry of this key is matched
+	// without it, and its value is the holder (see Set.MatchHolder).
+	HolderKey string
 	// File and Line locate the descriptor in its rule file.
 	File string
 	Line int

@@ -103,6 +103,23 @@ func (s *Set) Match(domain string, entries []Entry) *Rule {
 	return n.rule
 }
 
+// MatchHolder is Match for a descriptor that may end with the entry naming
+// its holder: when entries match no rule, and all but the last match a rule
+// whose HolderKey is the last entry's key (a concurrency_limit), it returns
+// that rule, the number of entries it matched (all but the last) and the
+// last entry's value as the holder. Otherwise it returns Match's rule,
+// len(entries) and "". It does not allocate.
+func (s *Set) MatchHolder(domain string, entries []Entry) (rule *Rule, depth int, holder string) {
+	if r := s.Match(domain, entries); r != nil || len(entries) < 2 {
+		return r, len(entries), ""
+	}
+	n := len(entries) - 1
+	if r := s.Match(domain, entries[:n]); r != nil && r.HolderKey != "" && r.HolderKey == entries[n].Key {
+		return r, n, entries[n].Value
+	}
+	return nil, len(entries), ""
+}
+
 // HasDomain reports whether the set has rules for the domain.
 func (s *Set) HasDomain(domain string) bool {
 	if s == nil {

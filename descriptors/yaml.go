@@ -23,7 +23,9 @@ const maxNodes = 100000
 var (
 	rootFields       = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
-		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata", "circuit_breaker"}
+		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata", "circuit_breaker",
+		"concurrency_limit"}
+	concurrencyFields = []string{"max_in_flight", "lease", "holder_key"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"unit_multiplier", "window", "buckets", "algorithm", "charge"}
 	replacesFields = []string{"name"}
@@ -216,9 +218,33 @@ func (r *reader) descriptor(n *yaml.Node) *rawDescriptor {
 			if r.mapping(name, val) {
 				d.breaker = r.breaker(val)
 			}
+		case "concurrency_limit":
+			if r.mapping(name, val) {
+				d.concurrency = r.concurrency(val)
+			}
 		}
 	})
 	return d
+}
+
+// concurrency reads a concurrency_limit block; the builder validates it.
+func (r *reader) concurrency(n *yaml.Node) *rawConcurrency {
+	c := &rawConcurrency{line: n.Line, lines: map[string]int{}}
+	before := len(r.errs)
+	r.fields(n, concurrencyFields, func(name string, _, val *yaml.Node) {
+		c.lines[name] = val.Line
+		switch name {
+		case "max_in_flight":
+			u, ok := r.unsigned(name, val, math.MaxUint32)
+			c.maxInFlight, c.maxSet = uint32(u), ok
+		case "lease":
+			c.lease, c.leaseSet = r.duration(name, val)
+		case "holder_key":
+			c.holderKey, _ = r.str(name, val)
+		}
+	})
+	c.bad = len(r.errs) > before
+	return c
 }
 
 func (r *reader) rateLimit(n *yaml.Node) *rawLimit {

@@ -40,9 +40,10 @@ type plan struct {
 	info    *ruleInfo // matched rule (nil when none)
 	entries []descriptors.Entry
 	hits    uint64
-	refund  bool // is_negative_hits: hits are taken back, never refused
-	first   int  // index of its first window.Request
-	n       int  // number of window.Requests
+	refund  bool   // is_negative_hits: hits are taken back, never refused
+	holder  string // the request holding concurrency slots (descriptors.Set.MatchHolder)
+	first   int    // index of its first window.Request
+	n       int    // number of window.Requests
 	veto    bool
 
 	shadow bool // the rule's shadow_mode applies
@@ -91,7 +92,9 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 			p.hits = h.GetValue()
 		}
 		p.refund = d.GetIsNegativeHits()
-		if r := st.set.Match(domain, p.entries); r != nil {
+		r, depth, holder := st.set.MatchHolder(domain, p.entries)
+		if r != nil {
+			p.entries, p.holder = p.entries[:depth], holder
 			p.info = st.info(s, r)
 			p.shadow = r.ShadowMode
 			switch {
@@ -230,7 +233,7 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 				}
 				sc.reqs = append(sc.reqs, window.Request{
 					Key: key, Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto, Algorithm: li.alg, Negative: p.refund,
-					ChargeAlways: li.charge && !p.refund,
+					ChargeAlways: li.charge && !p.refund, Holder: p.holder,
 				})
 			}
 		case kindOverride:

@@ -1,0 +1,60 @@
+package service
+
+import (
+	"testing"
+	"time"
+)
+
+const inFlightRules = `
+domain: d
+descriptors:
+  - key: uploads
+    concurrency_limit: {max_in_flight: 2, lease: 10s, holder_key: request_id}
+`
+
+// TestConcurrencyLimitAnswers plays a limit of 2 uploads in flight with 10s
+// leases through ShouldRateLimit under a fake clock, as Envoy sends it: the
+// request-phase call takes a slot for its x-request-id, the stream-done
+// call (is_negative_hits) gives it back. Admit, refuse at the cap, refund,
+// a lease that ends without its refund, and a late refund that frees
+// nothing.
+func TestConcurrencyLimitAnswers(t *testing.T) {
+	h := newHarness(t, mustParse(t, inFlightRules), nil)
+	two := limMult(2, second, "", 10)
+	start := func(id string) *dstatusReq { return &dstatusReq{id: id} }
+	end := func(id string) *dstatusReq { return &dstatusReq{id: id, refund: true} }
+	for i, s := range []struct {
+		at   time.Duration
+		call *dstatusReq
+		want *dstatus
+	}{
+		{0, start("r1"), wantOK(two, 1, 10 * time.Second)},
+		{time.Second, start("r2"), wantOK(two, 0, 10 * time.Second)},
+		{2 * time.Second, start("r3"), wantOver(two, 0, 8 * time.Second)},
+		{3 * time.Second, end("r1"), wantOK(two, 1, 8 * time.Second)},
+		{4 * time.Second, start("r3"), wantOK(two, 0, 10 * time.Second)},
+		// r2 never ends: its lease does, at 11s.
+		{11 * time.Second, start("r4"), wantOK(two, 0, 10 * time.Second)},
+		// r2's refund after its lease ended frees nothing.
+		{12 * time.Second, end("r2"), wantOK(two, 0, 2 * time.Second)}, // a refund is never refused
+		{12 * time.Second, start("r5"), wantOver(two, 0, 2 * time.Second)},
+		{14 * time.Second, start("r5"), wantOK(two, 0, 10 * time.Second)},
+	} {
+		h.clock.Set(s.at)
+		d := desc("uploads", "api", "request_id", s.call.id)
+		if s.call.refund {
+			d = with(d, refund())
+		}
+		resp, err := h.call(req("d", d))
+		if err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		checkStatuses(t, resp, []*dstatus{s.want})
+	}
+}
+
+// dstatusReq is one row's call: a start or an end of request id.
+type dstatusReq struct {
+	id     string
+	refund bool
+}
