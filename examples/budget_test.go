@@ -1,7 +1,6 @@
 package examples
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,12 +9,9 @@ import (
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	ratelimitcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leapgate/leapgate/descriptors"
 )
@@ -24,36 +20,6 @@ const (
 	budgetConfigPath = "budget/envoy.yaml"
 	budgetRulesDir   = "budget/config"
 )
-
-// budgetRateLimits returns the llm route of the budget example and the
-// rate_limits of its RateLimitPerRoute config: the request-phase check and
-// the stream-done charge.
-func budgetRateLimits(t *testing.T, f *envoyFacts) (*routev3.Route, *routev3.RateLimit, *routev3.RateLimit) {
-	t.Helper()
-	for _, r := range f.Routes {
-		if r.GetName() != "llm" {
-			continue
-		}
-		per := new(ratelimitv3.RateLimitPerRoute)
-		if err := r.GetTypedPerFilterConfig()["envoy.filters.http.ratelimit"].UnmarshalTo(per); err != nil {
-			t.Fatalf("route llm: RateLimitPerRoute: %v", err)
-		}
-		var check, charge *routev3.RateLimit
-		for _, rl := range per.GetRateLimits() {
-			if rl.GetApplyOnStreamDone() {
-				charge = rl
-			} else {
-				check = rl
-			}
-		}
-		if check == nil || charge == nil {
-			t.Fatalf("route llm: want a request-phase check and a stream-done charge, got %v", per.GetRateLimits())
-		}
-		return r, check, charge
-	}
-	t.Fatal("the budget example has no route llm")
-	return nil, nil, nil
-}
 
 // TestBudgetExample validates examples/budget/envoy.yaml against Envoy's
 // protos and PGV rules, its descriptors against the example's rules, and
@@ -65,7 +31,7 @@ func TestBudgetExample(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", budgetConfigPath, err)
 	}
-	_, check, charge := budgetRateLimits(t, f)
+	_, check, charge := streamRateLimits(t, f, "llm")
 	if h := check.GetHitsAddend(); h.GetNumber() == nil || h.GetNumber().GetValue() != 0 || h.GetFormat() != "" {
 		t.Errorf("the request-phase check must send hits_addend 0, got %v", h)
 	}
@@ -104,7 +70,7 @@ func TestBudgetExampleCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	route, check, charge := budgetRateLimits(t, f)
+	route, check, charge := streamRateLimits(t, f, "llm")
 	domain := f.RateLimits[0].Config.GetDomain()
 	lg := startLeapgate(t, root, "budget", "config")
 	conn, err := grpc.NewClient(lg.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -116,30 +82,9 @@ func TestBudgetExampleCalls(t *testing.T) {
 	req := downstream{Route: "llm", Headers: map[string]string{"x-user-id": "alice"}}
 	budget := uint64(loadRules(t, budgetRulesDir).Match(domain, []descriptors.Entry{{Key: "user", Value: "alice"}}).Limits[0].RequestsPerUnit)
 
-	// call sends one rate_limits entry's descriptor with the hits Envoy
-	// would take from its hits_addend (a number, or the response header
-	// its format names).
 	call := func(what string, rl *routev3.RateLimit, response map[string]string) *rlsv3.RateLimitResponse {
 		t.Helper()
-		d := e.descriptor(rl, route.GetRoute().GetCluster(), req)
-		hits := rl.GetHitsAddend().GetNumber().GetValue()
-		if format := rl.GetHitsAddend().GetFormat(); format != "" {
-			header := strings.TrimSuffix(strings.TrimPrefix(format, "%RESP("), ")%")
-			n, err := strconv.ParseUint(response[header], 10, 64)
-			if err != nil {
-				t.Fatalf("%s: hits_addend %q from %v: %v", what, format, response, err)
-			}
-			hits = n
-		}
-		d.HitsAddend = wrapperspb.UInt64(hits)
-		resp, err := e.rls.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitcommonv3.RateLimitDescriptor{d}})
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		s := resp.GetStatuses()[0]
-		t.Logf("%-34s hits_addend %-7d -> %v, limit_remaining %d, duration_until_reset %v",
-			what, hits, resp.GetOverallCode(), s.GetLimitRemaining(), s.GetDurationUntilReset().AsDuration())
-		return resp
+		return e.streamCall(what, domain, route, rl, req, response)
 	}
 	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
 	expect := func(resp *rlsv3.RateLimitResponse, code rlsv3.RateLimitResponse_Code, remaining uint64) {

@@ -316,7 +316,7 @@ func checkRules(set *descriptors.Set, f *envoyFacts, rds []routeDescriptor) erro
 	}
 	for _, rd := range rds {
 		domain := rd.Filter.Config.GetDomain()
-		rule := set.Match(domain, rd.Entries)
+		rule, _, _ := set.MatchHolder(domain, rd.Entries)
 		switch {
 		case rule == nil:
 			errs = append(errs, fmt.Errorf("route %q: descriptor %v in domain %q matches no rule", rd.Route, rd.Entries, domain))

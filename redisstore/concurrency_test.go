@@ -72,3 +72,52 @@ func TestConcurrencyAcrossStores(t *testing.T) {
 		t.Fatalf("after every release (%d admitted): %+v, want all %d slots free", admitted.Load(), res[0], limit)
 	}
 }
+
+// TestConcurrencyBypassesLocalCache: with the over-limit cache on, a
+// replica refused at the cap still sees a slot given back through another
+// replica at once (the cache never answers for a concurrency limit), and
+// charges (ChargeAlways) always reach Redis.
+func TestConcurrencyBypassesLocalCache(t *testing.T) {
+	r := redistest.Start(t)
+	st := settingsFor(r.Addr())
+	st.LocalCacheBytes = 1 << 16
+	a, b := newTestStore(t, st, Options{}), newTestStore(t, st, Options{})
+	waitHealthy(t, a, b)
+	ctx := context.Background()
+	sp := mustSpec(t, time.Hour, 1)
+	slot := func(holder string) window.Request {
+		return window.Request{Key: "cached_uploads", Spec: sp, Limit: 1, Hits: 1, Veto: true, Algorithm: window.Concurrency, Holder: holder}
+	}
+	do := func(s *Store, q window.Request) window.Result {
+		t.Helper()
+		res, err := s.Do(ctx, []window.Request{q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	if !do(a, slot("r1")).Allowed {
+		t.Fatal("r1 refused on an empty limit")
+	}
+	if do(a, slot("r2")).Allowed {
+		t.Fatal("r2 admitted at the cap")
+	}
+	end := slot("r1")
+	end.Negative = true
+	do(b, end)
+	if !do(a, slot("r2")).Allowed {
+		t.Fatal("r2 refused on replica a after r1 gave its slot back through replica b")
+	}
+
+	tokens := window.Request{Key: "cached_tokens", Spec: sp, Limit: 10, Hits: 20, Veto: true, ChargeAlways: true}
+	for range 3 {
+		if res := do(a, tokens); !res.Recorded {
+			t.Fatalf("charge not recorded: %+v", res)
+		}
+	}
+	tokens.Hits = 0
+	tokens.Limit = 55 // 60 charged: still over
+	if res := do(b, tokens); res.Allowed {
+		t.Fatalf("the charges did not all reach Redis: %+v", res)
+	}
+}

@@ -232,8 +232,10 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 				send = append(send, i)
 				continue
 			}
-			if r.ChargeAlways && r.Hits > 0 {
-				send = append(send, i) // recorded even when over: Redis must see it
+			if r.ChargeAlways && r.Hits > 0 || r.Algorithm == window.Concurrency {
+				// Recorded even when over, or freed by a refund any replica
+				// may receive: only Redis knows.
+				send = append(send, i)
 				continue
 			}
 			if rem, reset, ok := s.cache.get(r.Key, now, min(r.Limit, maxLimit), need(r.Hits)); ok {
@@ -291,7 +293,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 
 	if s.cache != nil {
 		for _, i := range send {
-			if r := &results[i]; !r.Allowed && !reqs[i].Negative {
+			if r := &results[i]; !r.Allowed && !reqs[i].Negative && reqs[i].Algorithm != window.Concurrency {
 				q := &reqs[i]
 				s.cache.put(q.Key, now, r.Reset, min(q.Limit, maxLimit), need(q.Hits), r.Remaining)
 			}
