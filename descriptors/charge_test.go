@@ -56,6 +56,9 @@ func TestCharge(t *testing.T) {
 			if r.Limits[0].ChargeAlways && !window.ChargeAlwaysSupported(r.Limits[0].Algorithm) {
 				t.Fatalf("ChargeAlways on %v", r.Limits[0].Algorithm)
 			}
+			if shown := strings.Contains(set.Dump(), " charge=always"); shown != tc.want {
+				t.Fatalf("the dump shows charge=always: %v, want %v:\n%s", shown, tc.want, set.Dump())
+			}
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +98,8 @@ descriptors:
 		if id != tc.rule || depth != tc.depth || holder != tc.holder {
 			t.Errorf("%v: rule %q depth %d holder %q, want %q %d %q", tc.entries, id, depth, holder, tc.rule, tc.depth, tc.holder)
 		}
+	}
+	if d := set.Dump(); !strings.Contains(d, "requests_per_unit=2 window=1m0s algorithm=concurrency") || !strings.Contains(d, "holder_key: request_id") {
+		t.Errorf("the dump does not show the concurrency limit:\n%s", d)
 	}
 }

@@ -192,9 +192,15 @@ func (s *Set) Dump() string {
 			if l.Algorithm != window.SlidingWindow {
 				fmt.Fprintf(&b, " algorithm=%s", l.Algorithm)
 			}
+			if l.ChargeAlways {
+				b.WriteString(" charge=always")
+			}
 			if l.Name != "" {
 				fmt.Fprintf(&b, " name=%s", l.Name)
 			}
+		}
+		if r.HolderKey != "" {
+			fmt.Fprintf(&b, ", holder_key: %s", r.HolderKey)
 		}
 		fmt.Fprintf(&b, ", shadow_mode: %t", r.ShadowMode)
 		if r.QuotaMode {

@@ -26,7 +26,7 @@ var (
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata", "circuit_breaker",
 		"concurrency_limit"}
 	concurrencyFields = []string{"max_in_flight", "lease", "holder_key"}
-	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
+	rateLimitFields   = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"unit_multiplier", "window", "buckets", "algorithm", "charge"}
 	replacesFields = []string{"name"}
 	breakerFields  = []string{"strategy", "threshold", "max_response_time", "error_statuses", "min_requests",

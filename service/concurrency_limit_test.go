@@ -28,17 +28,17 @@ func TestConcurrencyLimitAnswers(t *testing.T) {
 		call *dstatusReq
 		want *dstatus
 	}{
-		{0, start("r1"), wantOK(two, 1, 10 * time.Second)},
-		{time.Second, start("r2"), wantOK(two, 0, 10 * time.Second)},
-		{2 * time.Second, start("r3"), wantOver(two, 0, 8 * time.Second)},
-		{3 * time.Second, end("r1"), wantOK(two, 1, 8 * time.Second)},
-		{4 * time.Second, start("r3"), wantOK(two, 0, 10 * time.Second)},
+		{0, start("r1"), wantOK(two, 1, 10*time.Second)},
+		{time.Second, start("r2"), wantOK(two, 0, 10*time.Second)},
+		{2 * time.Second, start("r3"), wantOver(two, 0, 8*time.Second)},
+		{3 * time.Second, end("r1"), wantOK(two, 1, 8*time.Second)},
+		{4 * time.Second, start("r3"), wantOK(two, 0, 10*time.Second)},
 		// r2 never ends: its lease does, at 11s.
-		{11 * time.Second, start("r4"), wantOK(two, 0, 10 * time.Second)},
+		{11 * time.Second, start("r4"), wantOK(two, 0, 10*time.Second)},
 		// r2's refund after its lease ended frees nothing.
-		{12 * time.Second, end("r2"), wantOK(two, 0, 2 * time.Second)}, // a refund is never refused
-		{12 * time.Second, start("r5"), wantOver(two, 0, 2 * time.Second)},
-		{14 * time.Second, start("r5"), wantOK(two, 0, 10 * time.Second)},
+		{12 * time.Second, end("r2"), wantOK(two, 0, 2*time.Second)}, // a refund is never refused
+		{12 * time.Second, start("r5"), wantOver(two, 0, 2*time.Second)},
+		{14 * time.Second, start("r5"), wantOK(two, 0, 10*time.Second)},
 	} {
 		h.clock.Set(s.at)
 		d := desc("uploads", "api", "request_id", s.call.id)
