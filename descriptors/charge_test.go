@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/leapgate/leapgate/window"
