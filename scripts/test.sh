@@ -102,6 +102,15 @@ LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./deploy/...
 	LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./...
 )
 
+# The Redis client comparison is a module of its own too (rueidis stays
+# out of the service's module): a short run keeps it working.
+echo "== redisstore/clientbench (a short run of the client comparison)" >&2
+(
+	cd redisstore/clientbench
+	"$GO" vet ./...
+	"$GO" test -count=1 -run '^$' -bench . -benchtime 200x ./...
+) || exit 1
+
 # The race detector's shadow memory makes a heap bound meaningless, so the
 # race run streams 100k keys; the full 1,000,000-key memory test runs here.
 echo "== go test (no race) window bounded memory, 1M keys" >&2
