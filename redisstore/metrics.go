@@ -12,6 +12,23 @@ type metrics struct {
 	cacheHits prometheus.Counter
 	up        prometheus.Gauge
 	batch     prometheus.Histogram // Store operations per round trip
+	// ops holds the latency and error series of each operation, looked up
+	// once: WithLabelValues hashes its labels on every call.
+	ops map[string]opMetrics
+}
+
+// opMetrics are one operation's series of latency and errors.
+type opMetrics struct {
+	latency prometheus.Observer
+	errors  prometheus.Counter
+}
+
+// op returns the series of operation name.
+func (m *metrics) op(name string) opMetrics {
+	if o, ok := m.ops[name]; ok {
+		return o
+	}
+	return opMetrics{m.latency.WithLabelValues(name), m.errors.WithLabelValues(name)}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,6 +59,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "leapgate_redis_up",
 			Help: "1 when the last health check of Redis succeeded, else 0.",
 		}),
+	}
+	m.ops = map[string]opMetrics{}
+	for _, op := range []string{"do", "undo", "ping"} {
+		m.ops[op] = opMetrics{m.latency.WithLabelValues(op), m.errors.WithLabelValues(op)}
 	}
 	if reg == nil {
 		return m, nil

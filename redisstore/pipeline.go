@@ -42,7 +42,11 @@ type job struct {
 	calls  []call
 	merged bool
 	now    string
-	done   chan error
+	// deadline is when the job's caller stops waiting: a job still queued
+	// then is answered with context.DeadlineExceeded unsent, and a round
+	// trip carrying it ends by then (see do).
+	deadline time.Time
+	done     chan error
 }
 
 // newPipeliner starts workers workers that run until ctx is done.
@@ -54,15 +58,34 @@ func newPipeliner(ctx context.Context, client redis.UniversalClient, workers int
 	return p
 }
 
-// do sends j and waits for its replies, or for ctx. A call whose caller
-// gave up may still run: like any Redis command that timed out, its effect
-// is unknown.
+// do sends j and waits for its replies, or for ctx to be done. It returns
+// by ctx's deadline (or p's timeout from now, if ctx has none) without a
+// timer of its own: the workers answer a job by its deadline, a job still
+// queued then unsent, and every round trip ends by the earliest deadline of
+// the jobs it carries; only a full queue makes do wait on a timer. A call
+// whose caller gave up may still run: like any Redis command that timed
+// out, its effect is unknown.
 func (p *pipeliner) do(ctx context.Context, j *job) error {
 	j.done = make(chan error, 1)
+	if d, ok := ctx.Deadline(); ok {
+		j.deadline = d
+	} else {
+		j.deadline = time.Now().Add(p.timeout)
+	}
 	select {
 	case p.queue <- j:
 	case <-ctx.Done():
 		return ctx.Err()
+	default:
+		t := time.NewTimer(time.Until(j.deadline))
+		defer t.Stop()
+		select {
+		case p.queue <- j:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return context.DeadlineExceeded
+		}
 	}
 	select {
 	case err := <-j.done:
@@ -92,8 +115,20 @@ func (p *pipeliner) work(ctx context.Context) {
 				break drain
 			}
 		}
-		p.batch.Observe(float64(len(batch)))
-		p.flush(batch)
+		// Jobs whose callers stop waiting now are answered unsent.
+		now := time.Now()
+		live := batch[:0]
+		for _, j := range batch {
+			if now.Before(j.deadline) {
+				live = append(live, j)
+			} else {
+				j.done <- context.DeadlineExceeded
+			}
+		}
+		if len(live) > 0 {
+			p.batch.Observe(float64(len(live)))
+			p.flush(live)
+		}
 		clear(batch)
 	}
 }
@@ -114,11 +149,18 @@ type merged struct {
 	cmd  *redis.Cmd
 }
 
-// flush sends batch in one pipeline and answers every job. Scripts missing
+// flush sends batch in one pipeline, ending by the earliest deadline of its
+// jobs, and answers every job. Scripts missing
 // from Redis's cache (NOSCRIPT: a restarted Redis or SCRIPT FLUSH) are sent
 // again with EVAL; no script ran in that case, so this is safe.
 func (p *pipeliner) flush(batch []*job) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	deadline := time.Now().Add(p.timeout)
+	for _, j := range batch {
+		if j.deadline.Before(deadline) {
+			deadline = j.deadline
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	errs := make([]error, len(batch))
 

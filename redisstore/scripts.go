@@ -69,19 +69,20 @@ func (s *Store) redisKey(key string) string {
 // window's hash). The hash tag, hence the slot, is the
 // same for every algorithm.
 func (s *Store) counterKey(req *window.Request) string {
+	var suffix string
 	switch req.Algorithm {
 	case window.SlidingWindow:
-		return s.redisKey(req.Key) + ":sw"
+		suffix = ":sw"
 	case window.TokenBucket:
-		return s.redisKey(req.Key) + ":tb"
+		suffix = ":tb"
 	case window.FixedWindow:
-		return s.redisKey(req.Key) + ":fw"
+		suffix = ":fw"
 	case window.SlidingLog:
-		return s.redisKey(req.Key) + ":log"
+		suffix = ":log"
 	case window.Concurrency:
-		return s.redisKey(req.Key) + ":cc"
+		suffix = ":cc"
 	}
-	return s.redisKey(req.Key)
+	return s.prefix + "{" + req.Key + "}" + suffix // one allocation
 }
 
 // timeBucket converts the Result.Bucket of a sliding window or a sliding
@@ -363,9 +364,10 @@ func (s *Store) timed(ctx context.Context, op string, n int, f func(context.Cont
 	}
 	start := time.Now()
 	err := f(ctx)
-	s.metrics.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	m := s.metrics.op(op)
+	m.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.errors.WithLabelValues(op).Inc()
+		m.errors.Inc()
 		if span != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, "redis call failed")

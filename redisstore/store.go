@@ -136,9 +136,7 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		return nil, fmt.Errorf("redis metrics: %w", err)
 	}
 	// Every series an alert or dashboard reads exists from the start, at 0.
-	for _, op := range []string{"do", "undo", "ping"} {
-		m.errors.WithLabelValues(op)
-	}
+	// (newMetrics creates the latency and error series of every op.)
 	m.fallbacks.WithLabelValues(opts.FailureMode.String())
 	var tracer trace.Tracer
 	if opts.TracerProvider != nil {
@@ -265,14 +263,14 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		err = ErrUnavailable
 	} else {
 		// Timeout bounds the whole call, every round trip and the wait
-		// for a connection included.
-		rctx, cancel := context.WithTimeout(ctx, s.timeout)
+		// for a connection included: the pipeliner answers by the
+		// deadline (without a timer per call).
+		rctx := withDeadline(ctx, time.Now().Add(s.timeout))
 		sent, localReset, lerr := s.withLocalHits(rctx, reqs, send)
 		err = lerr
 		if err == nil {
 			err = s.allow(rctx, sent, results, send, dry)
 		}
-		cancel()
 		if err == nil && localReset != nil {
 			for _, i := range send {
 				if r := &results[i]; !r.Allowed {
@@ -300,6 +298,30 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		}
 	}
 	return results, nil
+}
+
+// deadlineCtx is a context with a deadline that no timer enforces, unlike
+// context.WithDeadline's: Deadline reports it (or the parent's, if
+// earlier), while Done and Err are the parent's. Everything Do waits on
+// under it is bounded by Deadline: the pipeliner answers every job by its
+// deadline (see pipeliner.do), and go-redis sets socket deadlines from it.
+// It spares a timer and a cancellable context per call.
+type deadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+// withDeadline returns ctx with deadline d (see deadlineCtx).
+func withDeadline(ctx context.Context, d time.Time) context.Context {
+	return deadlineCtx{Context: ctx, deadline: d}
+}
+
+// Deadline returns the earlier of the parent's deadline and the context's.
+func (c deadlineCtx) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
 }
 
 // need is the quota a request needs: its hits, or one for check-only.
