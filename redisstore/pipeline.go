@@ -65,8 +65,14 @@ func newPipeliner(ctx context.Context, client redis.UniversalClient, workers int
 // the jobs it carries; only a full queue makes do wait on a timer. A call
 // whose caller gave up may still run: like any Redis command that timed
 // out, its effect is unknown.
-func (p *pipeliner) do(ctx context.Context, j *job) error {
-	j.done = make(chan error, 1)
+//
+// It reports whether j was answered: only then is the pipeliner done with
+// j and its calls (a caller that gave up first must not reuse them). j.done,
+// if set, must be an empty channel with room for one error.
+func (p *pipeliner) do(ctx context.Context, j *job) (answered bool, err error) {
+	if j.done == nil {
+		j.done = make(chan error, 1)
+	}
 	if d, ok := ctx.Deadline(); ok {
 		j.deadline = d
 	} else {
@@ -75,23 +81,23 @@ func (p *pipeliner) do(ctx context.Context, j *job) error {
 	select {
 	case p.queue <- j:
 	case <-ctx.Done():
-		return ctx.Err()
+		return true, ctx.Err() // never queued
 	default:
 		t := time.NewTimer(time.Until(j.deadline))
 		defer t.Stop()
 		select {
 		case p.queue <- j:
 		case <-ctx.Done():
-			return ctx.Err()
+			return true, ctx.Err()
 		case <-t.C:
-			return context.DeadlineExceeded
+			return true, context.DeadlineExceeded
 		}
 	}
 	select {
 	case err := <-j.done:
-		return err
+		return true, err
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 }
 

@@ -186,28 +186,36 @@ func (s *Store) allow(ctx context.Context, reqs []window.Request, results []wind
 
 // runAllow sends one allow group per slot group (merged by the pipeliner
 // with the groups of concurrent calls), writes the results and reports
-// whether a Veto request was refused.
+// whether a Veto request was refused. Its job, calls and arguments live in
+// a frame reused across calls.
 func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []window.Result, keys []string, gs []group, dry bool) (bool, error) {
-	calls := make([]call, len(gs))
-	for g, gr := range gs {
-		c := &calls[g]
-		c.slot = gr.slot
-		c.keys = make([]string, len(gr.idx))
-		packed := make([]byte, 0, packedArgBytes*len(gr.idx))
-		for j, i := range gr.idx {
-			r := &reqs[i]
-			c.keys[j] = keys[i]
-			packed = packArgs(packed, r)
+	f := s.frames.Get().(*frame)
+	f.reset()
+	for _, gr := range gs {
+		k0, p0, a0 := len(f.keys), len(f.packed), len(f.args)
+		for _, i := range gr.idx {
+			f.keys = append(f.keys, keys[i])
+			f.packed = packArgs(f.packed, &reqs[i])
 		}
-		c.args = []any{len(gr.idx), flag(dry), packed}
+		// Sub-slices taken before a later append grows these buffers keep
+		// pointing at the old arrays, which still hold their contents.
+		f.args = append(f.args, len(gr.idx), flag(dry), f.packed[p0:len(f.packed):len(f.packed)])
+		f.calls = append(f.calls, call{slot: gr.slot, keys: f.keys[k0:len(f.keys):len(f.keys)], args: f.args[a0:len(f.args):len(f.args)]})
 	}
-	if err := s.runMerged(ctx, "do", calls); err != nil {
+	f.job = job{script: allowScript, calls: f.calls, merged: true, now: s.nowArg(), done: f.job.done}
+	answered, err := s.timed(ctx, "do", &f.job)
+	if answered {
+		// The pipeliner is done with the frame once it answered; a frame
+		// whose caller gave up first is left to the garbage collector.
+		defer s.frames.Put(f)
+	}
+	if err != nil {
 		return false, err
 	}
 
 	vetoed := false
 	for g, gr := range gs {
-		vals := calls[g].vals
+		vals := f.calls[g].vals
 		if len(vals) != 5*len(gr.idx) {
 			return false, fmt.Errorf("unexpected script reply: %d values for %d counters", len(vals), len(gr.idx))
 		}
@@ -229,6 +237,27 @@ func (s *Store) runAllow(ctx context.Context, reqs []window.Request, results []w
 		}
 	}
 	return vetoed, nil
+}
+
+// frame is the memory of one runAllow: its job (with a reusable done
+// channel), the calls and their keys and arguments.
+type frame struct {
+	job    job
+	calls  []call
+	keys   []string
+	packed []byte
+	args   []any
+}
+
+// newFrame is the Store's frame pool's New.
+func newFrame() any { return &frame{job: job{done: make(chan error, 1)}} }
+
+// reset empties f's buffers, keeping their room.
+func (f *frame) reset() {
+	clear(f.calls)
+	clear(f.keys)
+	clear(f.args)
+	f.calls, f.keys, f.packed, f.args = f.calls[:0], f.keys[:0], f.packed[:0], f.args[:0]
 }
 
 // packedArgBytes is the size of one counter's packed arguments: four
@@ -341,29 +370,23 @@ type call struct {
 // round trip, shared with the calls of concurrent operations), and times
 // them.
 func (s *Store) run(ctx context.Context, op string, script *redis.Script, calls []call) error {
-	return s.timed(ctx, op, len(calls), func(ctx context.Context) error { return s.pipe.do(ctx, &job{script: script, calls: calls}) })
+	_, err := s.timed(ctx, op, &job{script: script, calls: calls})
+	return err
 }
 
-// runMerged sends allow groups through the pipeliner, which merges them
-// with the groups of concurrent calls into one script call per slot.
-func (s *Store) runMerged(ctx context.Context, op string, calls []call) error {
-	return s.timed(ctx, op, len(calls), func(ctx context.Context) error {
-		return s.pipe.do(ctx, &job{script: allowScript, calls: calls, merged: true, now: s.nowArg()})
-	})
-}
-
-// timed runs f, one operation of n script calls, in a span "redis <op>"
-// (a child of ctx's span, when tracing is on), and records its latency and
-// failure.
-func (s *Store) timed(ctx context.Context, op string, n int, f func(context.Context) error) error {
+// timed sends j through the pipeliner, one operation of len(j.calls)
+// script calls, in a span "redis <op>" (a child of ctx's span, when tracing
+// is on), and records its latency and failure. It reports whether the
+// pipeliner answered j (see pipeliner.do).
+func (s *Store) timed(ctx context.Context, op string, j *job) (answered bool, err error) {
 	var span trace.Span
 	if s.tracer != nil { // nothing is built for spans when tracing is off
 		ctx, span = s.tracer.Start(ctx, "redis "+op, trace.WithSpanKind(trace.SpanKindClient),
-			trace.WithAttributes(attribute.String("db.system.name", "redis"), attribute.Int("leapgate.redis.calls", n)))
+			trace.WithAttributes(attribute.String("db.system.name", "redis"), attribute.Int("leapgate.redis.calls", len(j.calls))))
 		defer span.End()
 	}
 	start := time.Now()
-	err := f(ctx)
+	answered, err = s.pipe.do(ctx, j)
 	m := s.metrics.op(op)
 	m.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -373,5 +396,5 @@ func (s *Store) timed(ctx context.Context, op string, n int, f func(context.Cont
 			span.SetStatus(codes.Error, "redis call failed")
 		}
 	}
-	return err
+	return answered, err
 }

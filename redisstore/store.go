@@ -84,6 +84,7 @@ type Store struct {
 	interval time.Duration
 	timeout  time.Duration
 	pipe     *pipeliner
+	frames   sync.Pool // of *frame, for runAllow
 
 	state atomic.Int32
 	// lastLocal is when the local fallback last recorded hits (s.clock,
@@ -171,6 +172,7 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.pipe = newPipeliner(ctx, client, min(pipelineWorkers, opts.poolSize()), s.timeout, m.batch)
+	s.frames.New = newFrame
 	go s.healthLoop(ctx)
 	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
 		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes)
