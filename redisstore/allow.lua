@@ -51,7 +51,11 @@
 -- nanoseconds relative to now, and its absolute times are stored as decimal
 -- strings.
 
-local now = nowMicros(ARGV[1])
+-- now and KEYS_ are the call's time and keys, set by main: the script runs
+-- as EVAL (Go appends "return main(KEYS, ARGV)") or, loaded once, as a
+-- Redis function (Go appends its registration), whose helpers are then
+-- defined once rather than on every call.
+local now, KEYS_
 
 local function clamp0(x)
   if x < 0 then
@@ -729,7 +733,7 @@ local function runGroup(kb, packed, n, dry, reply)
     if alg == 5 then
       holder, pos = struct.unpack('<d', packed, pos)
     end
-    local key = KEYS[kb + i]
+    local key = KEYS_[kb + i]
     local st = states[key]
     if st == nil then
       st = impl.load(key, b, k)
@@ -831,16 +835,19 @@ local function runGroup(kb, packed, n, dry, reply)
   return nil
 end
 
--- The groups, each on the counters as the groups before it left them:
--- every group loads its counters afresh.
-local reply = {}
-local kb = 0
-for p = 2, #ARGV, 3 do
-  local n, dry = tonumber(ARGV[p]), ARGV[p + 1] == '1'
-  local err = runGroup(kb, ARGV[p + 2], n, dry, reply)
-  if err then
-    return redis.error_reply(err)
+-- main answers the groups, each on the counters as the groups before it
+-- left them: every group loads its counters afresh.
+local function main(keys, argv)
+  KEYS_, now = keys, nowMicros(argv[1])
+  local reply = {}
+  local kb = 0
+  for p = 2, #argv, 3 do
+    local n, dry = tonumber(argv[p]), argv[p + 1] == '1'
+    local err = runGroup(kb, argv[p + 2], n, dry, reply)
+    if err then
+      return redis.error_reply(err)
+    end
+    kb = kb + n
   end
-  kb = kb + n
+  return reply
 end
-return reply

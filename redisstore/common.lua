@@ -2,7 +2,9 @@
 -- to each of them (see store.go), so both scripts read time and encode
 -- nanosecond values the same way.
 
-if redis.replicate_commands then
+-- (A function library, LIBRARY, always replicates effects, and may not
+-- even look the field up.)
+if not LIBRARY and redis.replicate_commands then
   pcall(redis.replicate_commands) -- effects replication (a no-op from Redis 7)
 end
 

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,6 +60,9 @@ func (s *Store) probe(ctx context.Context) {
 		// round trip for NOSCRIPT (they would still work without).
 		s.loadScripts(ctx)
 	}
+	if (!s.pipe.functions.Load() || s.pipe.reload.Load()) && !s.functionsRefused.Load() {
+		s.loadFunctions(ctx)
+	}
 	s.metrics.up.Set(1)
 	if old := s.state.Swap(stateUp); old != stateUp {
 		s.log.Info("redis reachable")
@@ -79,6 +83,49 @@ func (s *Store) loadScripts(ctx context.Context) {
 	if err != nil {
 		s.log.Warn("loading the redis scripts failed (they will be sent on first use)", "err", err)
 	}
+}
+
+// loadFunctions loads allowLibrary on Redis (every master on Cluster; one
+// loaded already is fine) and then sends merged allow calls as FCALLs. A
+// Redis that refuses function libraries (before Redis 7: an unknown
+// command; an ACL without FUNCTION) keeps EVALSHA and is not asked again.
+// Any other failure leaves EVALSHA in use until a later health check loads
+// the library.
+func (s *Store) loadFunctions(ctx context.Context) {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		err := c.FunctionLoad(ctx, allowLibrary).Err()
+		if err != nil && strings.Contains(err.Error(), "already exists") {
+			return nil
+		}
+		return err
+	}
+	var err error
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	} else {
+		err = load(ctx, s.client)
+	}
+	switch {
+	case err == nil:
+		s.pipe.reload.Store(false)
+		if !s.pipe.functions.Swap(true) {
+			s.log.Debug("redis: admission calls are FCALLs of a function library", "function", allowFunction)
+		}
+	case refusesFunctions(err):
+		s.functionsRefused.Store(true)
+		s.pipe.functions.Store(false)
+		s.log.Info("redis refuses function libraries: admission calls stay EVALSHAs", "err", err)
+	default:
+		s.pipe.functions.Store(false)
+		s.log.Warn("loading the redis function library failed (EVALSHA until it loads)", "err", err)
+	}
+}
+
+// refusesFunctions reports whether err says that Redis does not serve, or
+// does not allow, FUNCTION LOAD.
+func refusesFunctions(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand") || strings.HasPrefix(msg, "NOPERM")
 }
 
 // suspect reacts to a failed request: unless Redis answered (a command

@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +33,13 @@ type pipeliner struct {
 	timeout time.Duration
 	queue   chan *job
 	batch   prometheus.Observer // operations per round trip
+	// functions is whether allowLibrary is loaded on every node, so that
+	// merged allow calls are FCALLs (see Store.loadFunctions); without it
+	// they are EVALSHAs.
+	functions atomic.Bool
+	// reload is set when a node answered that the function is missing (a
+	// node added, FUNCTION FLUSH): the next health check loads it again.
+	reload atomic.Bool
 }
 
 // job is the calls of one Store operation. A merged job's calls are allow
@@ -156,9 +165,11 @@ type merged struct {
 }
 
 // flush sends batch in one pipeline, ending by the earliest deadline of its
-// jobs, and answers every job. Scripts missing
-// from Redis's cache (NOSCRIPT: a restarted Redis or SCRIPT FLUSH) are sent
-// again with EVAL; no script ran in that case, so this is safe.
+// jobs, and answers every job. Merged allow calls are FCALLs when the
+// function library is loaded, else EVALSHAs. Scripts missing from Redis's
+// cache (NOSCRIPT: a restarted Redis or SCRIPT FLUSH), and a function a
+// node does not have, are sent again with EVAL; nothing ran in that case,
+// so this is safe.
 func (p *pipeliner) flush(batch []*job) {
 	deadline := time.Now().Add(p.timeout)
 	for _, j := range batch {
@@ -200,8 +211,13 @@ func (p *pipeliner) flush(batch []*job) {
 		return script.EvalSha(ctx, pipe, keys, args...)
 	}
 	pipe := p.client.Pipeline()
+	fcall := p.functions.Load()
 	for _, m := range ms {
-		m.cmd = send(pipe, false, allowScript, m.keys, m.args)
+		if fcall {
+			m.cmd = pipe.FCall(ctx, allowFunction, m.keys, m.args...)
+		} else {
+			m.cmd = send(pipe, false, allowScript, m.keys, m.args)
+		}
 	}
 	for _, j := range batch {
 		if j.merged {
@@ -214,8 +230,16 @@ func (p *pipeliner) flush(batch []*job) {
 	}
 	_, _ = pipe.Exec(ctx)
 
-	// NOSCRIPT: send those again, in full.
-	noScript := func(cmd *redis.Cmd) bool { return cmd.Err() != nil && redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") }
+	// NOSCRIPT, or a node without the function: send those again, in
+	// full (nothing ran).
+	noScript := func(cmd *redis.Cmd) bool {
+		err := cmd.Err()
+		if err != nil && strings.HasPrefix(err.Error(), "ERR Function not found") {
+			p.reload.Store(true)
+			return true
+		}
+		return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+	}
 	var retry redis.Pipeliner
 	again := func() redis.Pipeliner {
 		if retry == nil {

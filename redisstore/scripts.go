@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
 	"encoding/binary"
 	"errors"
@@ -32,11 +33,27 @@ var checkpointLua string
 
 // The scripts share common.lua's helpers and checkpoint.lua's counter,
 // prepended to each with the Counter's block count and exact-log limit.
+// allow.lua also becomes a Redis function library (Redis 7), named by a
+// digest of its code so that versions never collide: loaded once per node,
+// its helpers are defined once instead of on every call (about 5.5 µs of
+// Redis CPU per call; see redisstore/clientbench).
 var (
-	prelude     = fmt.Sprintf("local BLOCKS, EXACT, MAX_LIMIT = %d, %d, %d\n", window.Blocks, window.ExactLimit, uint64(window.MaxLimit)) + commonLua + checkpointLua
-	allowScript = redis.NewScript(prelude + allowLua)
-	undoScript  = redis.NewScript(prelude + undoLua)
+	allowScript  = redis.NewScript(prelude(false) + allowLua + "\nreturn main(KEYS, ARGV)\n")
+	undoScript   = redis.NewScript(prelude(false) + undoLua)
+	allowVersion = fmt.Sprintf("%x", sha1.Sum([]byte(prelude(true)+allowLua)))[:16]
+	// allowFunction is the function allowLibrary registers.
+	allowFunction = "leapgate_allow_" + allowVersion
+	allowLibrary  = "#!lua name=leapgate_" + allowVersion + "\n" + prelude(true) + allowLua +
+		"\nredis.register_function('" + allowFunction + "', main)\n"
 )
+
+// prelude is what every script starts with: the Counter's constants, then
+// common.lua and checkpoint.lua; library says whether it is for a function
+// library rather than EVAL.
+func prelude(library bool) string {
+	return fmt.Sprintf("local BLOCKS, EXACT, MAX_LIMIT, LIBRARY = %d, %d, %d, %t\n",
+		window.Blocks, window.ExactLimit, uint64(window.MaxLimit), library) + commonLua + checkpointLua
+}
 
 // maxLimit is the largest limit enforced, as in window.Counter (Envoy's
 // requests_per_unit is a uint32); larger limits are clamped to it.

@@ -1,9 +1,10 @@
 // Package clientbench measures the Redis clients Leapgate could use, on
 // its own admission script and a real redis-server, under many concurrent
 // callers: the go-redis client behind redisstore's merging pipeliner (what
-// Leapgate uses), the same client with one EVALSHA per call and a
+// Leapgate uses; FCALL on this Redis 7), the same client with one EVALSHA per call and a
 // connection pool, and rueidis with its automatic pipelining (one EVALSHA
-// per call, pipelined by the client). Besides ns/op and allocations, each
+// per call, pipelined by the client), each with the script as EVALSHA and
+// as a function (FCALL). Besides ns/op and allocations, each
 // reports the client's CPU and Redis's CPU per call (getrusage and INFO
 // cpu). It is a module of its own so that rueidis stays out of the
 // service's module.
@@ -39,12 +40,13 @@ const callers = 50
 // keys is how many distinct counters the calls spread over.
 const keys = 1000
 
-// allowScript is redisstore's admission script, assembled as redisstore
-// assembles it (prelude, helpers, counter, script).
-func allowScript(t testing.TB) string {
+// source is redisstore's admission code, assembled as redisstore
+// assembles it (constants, helpers, counter, allow.lua) for EVAL or, with
+// library, for a function library.
+func source(t testing.TB, library bool) string {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "local BLOCKS, EXACT, MAX_LIMIT = %d, %d, %d\n", window.Blocks, window.ExactLimit, uint64(window.MaxLimit))
+	fmt.Fprintf(&b, "local BLOCKS, EXACT, MAX_LIMIT, LIBRARY = %d, %d, %d, %t\n", window.Blocks, window.ExactLimit, uint64(window.MaxLimit), library)
 	for _, f := range []string{"common.lua", "checkpoint.lua", "allow.lua"} {
 		data, err := os.ReadFile("../" + f)
 		if err != nil {
@@ -55,22 +57,14 @@ func allowScript(t testing.TB) string {
 	return b.String()
 }
 
-// allowLibrary is allowScript as a Redis function library (Redis 7):
-// the helpers are defined once, when the library loads, rather than on
-// every call; KEYS, ARGV and now become upvalues set per call.
+// allowScript is the admission script as EVAL runs it.
+func allowScript(t testing.TB) string { return source(t, false) + "\nreturn main(KEYS, ARGV)\n" }
+
+// allowLibrary is the admission code as a Redis function library (Redis
+// 7), registering the function "allow": its helpers are defined once, when
+// it loads, rather than on every call.
 func allowLibrary(t testing.TB) string {
-	t.Helper()
-	src := allowScript(t)
-	i := strings.Index(src, "local reply = {}\nlocal kb = 0\n")
-	if i < 0 {
-		t.Fatal("allow.lua's main loop not found")
-	}
-	body, main := src[:i], src[i:]
-	body = strings.Replace(body, "local now = nowMicros(ARGV[1])", "local now", 1)
-	body = strings.Replace(body, "if redis.replicate_commands then", "if false then", 1) // functions always replicate effects
-	return "#!lua name=leapgate_bench\nlocal KEYS, ARGV\n" + body +
-		"local function allow(keys, args)\nKEYS, ARGV = keys, args\nnow = nowMicros(ARGV[1])\n" + main + "\nend\n" +
-		"redis.register_function('allow', allow)\n"
+	return "#!lua name=leapgate_bench\n" + source(t, true) + "\nredis.register_function('allow', main)\n"
 }
 
 // packed is one sliding-window counter's packed arguments (see allow.lua):
