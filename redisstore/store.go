@@ -23,8 +23,9 @@
 // their algorithms; every write re-arms the key's TTL, so idle counters
 // vanish.
 //
-// A batch costs one round trip: one EVALSHA on a single node or Sentinel
-// master; on Cluster, one EVALSHA per hash slot, all in one pipeline. The
+// A batch costs one round trip: one script call (an FCALL of the function
+// library on Redis 7, else an EVALSHA) on a single node or Sentinel master;
+// on Cluster, one per hash slot, all in one pipeline. The
 // all-or-nothing Veto rule is atomic within a slot; across slots, a refused
 // Veto makes the Store take back (Undo, a second round trip, only then) the
 // hits the other slots recorded, which concurrent requests may briefly see.
