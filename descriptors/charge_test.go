@@ -36,16 +36,9 @@ func TestCharge(t *testing.T) {
 			wantErr: "c.yaml:6: should not specify charge when unlimited"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			set, err := Parse([]File{{Name: "c.yaml", Data: []byte(tc.yaml)}}, tc.opts)
-			if tc.wantErr != "" {
-				errs := unwrapErrors(t, err)
-				if len(errs) != 1 || errs[0].Error() != tc.wantErr {
-					t.Fatalf("errors %v, want one: %s", err, tc.wantErr)
-				}
+			set := parseOrWantError(t, tc.yaml, tc.opts, tc.wantErr)
+			if set == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			r := set.Match("d", []Entry{{Key: "k", Value: "v"}})
 			if r == nil || len(r.Limits) != 1 {
@@ -62,4 +55,22 @@ func TestCharge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseOrWantError parses one rule file, c.yaml. With wantErr set it
+// checks that the file is refused with exactly that one error and returns
+// nil; otherwise it returns the Set.
+func parseOrWantError(t *testing.T, yaml string, opts Options, wantErr string) *Set {
+	t.Helper()
+	set, err := Parse([]File{{Name: "c.yaml", Data: []byte(yaml)}}, opts)
+	if wantErr != "" {
+		if errs := unwrapErrors(t, err); len(errs) != 1 || errs[0].Error() != wantErr {
+			t.Fatalf("errors %v, want one: %s", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
 }

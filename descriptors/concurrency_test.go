@@ -39,16 +39,9 @@ func TestConcurrencyLimit(t *testing.T) {
 			wantErr: "c.yaml:4: config error, unknown key 'leases'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			set, err := Parse([]File{{Name: "c.yaml", Data: []byte(tc.yaml)}}, Options{})
-			if tc.wantErr != "" {
-				errs := unwrapErrors(t, err)
-				if len(errs) != 1 || errs[0].Error() != tc.wantErr {
-					t.Fatalf("errors %v, want one: %s", err, tc.wantErr)
-				}
+			set := parseOrWantError(t, tc.yaml, Options{}, tc.wantErr)
+			if set == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			r := set.Match("d", []Entry{{Key: "uploads", Value: "x"}})
 			if r == nil || len(r.Limits) != 1 || r.Limits[0] != tc.want || r.HolderKey != tc.holder {
