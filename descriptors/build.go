@@ -274,6 +274,7 @@ func (b *builder) addConcurrency(f *rawFile, d *rawDescriptor, rule *Rule) {
 		l.Unit, l.UnitMultiplier = reportingUnit(c.lease)
 		rule.Limits = append(rule.Limits, l)
 		rule.HolderKey = c.holderKey
+		b.set.holders = b.set.holders || c.holderKey != ""
 	}
 }
 

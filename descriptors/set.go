@@ -18,6 +18,7 @@ type Set struct {
 	domains map[string]*node
 	rules   []*Rule          // every rule, sorted by ID
 	byID    map[string]*Rule // rules by ID
+	holders bool             // some rule has a HolderKey (see MatchHolder)
 }
 
 // node is one descriptor of a domain's tree (or the domain root).
@@ -110,7 +111,7 @@ func (s *Set) Match(domain string, entries []Entry) *Rule {
 // last entry's value as the holder. Otherwise it returns Match's rule,
 // len(entries) and "". It does not allocate.
 func (s *Set) MatchHolder(domain string, entries []Entry) (rule *Rule, depth int, holder string) {
-	if r := s.Match(domain, entries); r != nil || len(entries) < 2 {
+	if r := s.Match(domain, entries); r != nil || len(entries) < 2 || !s.holders {
 		return r, len(entries), ""
 	}
 	n := len(entries) - 1
