@@ -168,35 +168,32 @@ function CP.estimate(st)
 end
 
 -- CP.add records hits at time t (window.Counter's add).
--- cpClose closes blocks of total hits stamped at t (us; its tick is tick)
--- while they fill the next block and the ring has room, and returns the
--- hits left over (window.Counter's closeBlocks).
-local function cpClose(st, total, t, tick)
-  local stamp = tick
+-- CP.add records hits at t, the newest time (window.Counter's add): a
+-- block made only of hits the open block already held keeps the open
+-- block's own time; any other is stamped at t.
+function CP.add(st, t, hits)
+  local tick = cpAbs(st, t) % CP_RANGE
+  local stamp, oldStamp = tick, st.otick
   if cpExact(st) then
-    stamp = t
+    stamp, oldStamp = t, CP.openTime(st)
   end
+  local old, total = st.open, st.open + hits
   while st.n < cpSlots(st) do
     local b = cpSize(st, st.head + st.n)
     if total < b then
       break
     end
     st.n = st.n + 1
-    st.ring[st.n] = stamp
+    if old >= b then
+      st.ring[st.n] = oldStamp
+      old = old - b
+    else
+      st.ring[st.n] = stamp
+      old = 0
+    end
     total = total - b
   end
-  return total
-end
-
--- CP.add records hits at t, the newest time (window.Counter's add): open
--- hits that already fill blocks are first closed at the open block's own
--- time.
-function CP.add(st, t, hits)
-  local tick = cpAbs(st, t) % CP_RANGE
-  if st.open > 0 then
-    st.open = cpClose(st, st.open, CP.openTime(st), st.otick)
-  end
-  st.open, st.otick = cpClose(st, st.open + hits, t, tick), tick
+  st.open, st.otick = total, tick
 end
 
 -- CP.takeBack removes hits, newest first (window.Counter's takeBack).

@@ -344,35 +344,32 @@ func (c *Counter) advance(now time.Duration) (t, anchor int64) {
 }
 
 // add records hits at time t (the newest time seen, whose tick is tick): into
-// the open block, closing full blocks at t while the ring has room. Open
-// hits that already fill blocks (left while the ring was full, by a debt or
-// a raised limit) are first closed at the open block's own time, so they
-// age out when they would have rather than with these hits. c.mu is held;
-// the caller checked that the hits fit under the limit, or that the count
-// stays within MaxLimit (a debt).
+// the open block, closing full blocks while the ring has room. A block made
+// only of hits the open block already held (left while the ring was full,
+// by a debt or a raised limit) is stamped with the open block's own time,
+// so they age out when they would have; any other is stamped at t. c.mu is
+// held; the caller checked that the hits fit under the limit, or that the
+// count stays within MaxLimit (a debt).
 func (c *Counter) add(t, tick int64, hits uint64) {
-	if c.open > 0 {
-		ot := c.lift(c.openTick, tick)
-		c.open = uint32(c.closeBlocks(uint64(c.open), ot*c.tick, ot))
-	}
-	total := c.closeBlocks(uint64(c.open)+hits, t, tick) // at most MaxLimit: fits in 32 bits
-	c.open, c.openTick = uint32(total), uint16(tick)
-}
-
-// closeBlocks closes blocks of total hits stamped at time t (tick tick)
-// while they fill the next block and the ring has room, and returns the
-// hits left over. c.mu is held.
-func (c *Counter) closeBlocks(total uint64, t, tick int64) uint64 {
+	old := uint64(c.open)          // hits stamped at the open block's tick
+	ot := c.lift(c.openTick, tick) // that tick, in full
+	total := old + hits            // at most MaxLimit: fits in 32 bits
 	for int(c.n) < c.slots() {
 		b := c.size(int(c.head) + int(c.n))
 		if total < b {
 			break
 		}
-		c.setStamp(c.index(int(c.n)), t, tick)
+		if old >= b {
+			c.setStamp(c.index(int(c.n)), ot*c.tick, ot)
+			old -= b
+		} else {
+			c.setStamp(c.index(int(c.n)), t, tick)
+			old = 0
+		}
 		c.n++
 		total -= b
 	}
-	return total
+	c.open, c.openTick = uint32(total), uint16(tick)
 }
 
 // takeBack removes hits, newest first: from the open block, then reopening
