@@ -90,8 +90,8 @@ func TestAllowWithoutFunctions(t *testing.T) {
 	st.Username, st.Password = "app", "app-password"
 	s := newTestStore(t, st, Options{})
 	waitHealthy(t, s)
-	if s.pipe.functions.Load() || !s.functionsRefused.Load() {
-		t.Fatalf("functions %v, refused %v: want EVALSHA for a user without FUNCTION", s.pipe.functions.Load(), s.functionsRefused.Load())
+	if s.pipe.functions.Load() || !s.pipe.refused.Load() {
+		t.Fatalf("functions %v, refused %v: want EVALSHA for a user without FUNCTION", s.pipe.functions.Load(), s.pipe.refused.Load())
 	}
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer admin.Close()

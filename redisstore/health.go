@@ -42,12 +42,13 @@ func (s *Store) probe(ctx context.Context) {
 	} else {
 		err = s.client.Ping(ctx).Err()
 	}
-	s.metrics.latency.WithLabelValues("ping").Observe(time.Since(start).Seconds())
+	ping := s.metrics.op("ping")
+	ping.latency.Observe(time.Since(start).Seconds())
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return // shutting down
 	}
 	if err != nil {
-		s.metrics.errors.WithLabelValues("ping").Inc()
+		ping.errors.Inc()
 		s.metrics.up.Set(0)
 		if old := s.state.Swap(stateDown); old != stateDown {
 			s.log.Warn("redis unreachable: answering with REDIS_FAILURE_MODE until it is back",
@@ -60,7 +61,7 @@ func (s *Store) probe(ctx context.Context) {
 		// round trip for NOSCRIPT (they would still work without).
 		s.loadScripts(ctx)
 	}
-	if (!s.pipe.functions.Load() || s.pipe.reload.Load()) && !s.functionsRefused.Load() {
+	if (!s.pipe.functions.Load() || s.pipe.reload.Load()) && !s.pipe.refused.Load() {
 		s.loadFunctions(ctx)
 	}
 	s.metrics.up.Set(1)
@@ -112,7 +113,7 @@ func (s *Store) loadFunctions(ctx context.Context) {
 			s.log.Debug("redis: admission calls are FCALLs of a function library", "function", allowFunction)
 		}
 	case refusesFunctions(err):
-		s.functionsRefused.Store(true)
+		s.pipe.refused.Store(true)
 		s.pipe.functions.Store(false)
 		s.log.Info("redis refuses function libraries: admission calls stay EVALSHAs", "err", err)
 	default:

@@ -40,6 +40,9 @@ type pipeliner struct {
 	// reload is set when a node answered that the function is missing (a
 	// node added, FUNCTION FLUSH): the next health check loads it again.
 	reload atomic.Bool
+	// refused records that Redis refused the function library: FCALL is
+	// not tried again.
+	refused atomic.Bool
 }
 
 // job is the calls of one Store operation. A merged job's calls are allow

@@ -86,9 +86,6 @@ type Store struct {
 	timeout  time.Duration
 	pipe     *pipeliner
 	frames   sync.Pool // of *frame, for runAllow
-	// functionsRefused records that Redis refused the function library:
-	// FCALL is not tried again (see loadFunctions).
-	functionsRefused atomic.Bool
 
 	state atomic.Int32
 	// lastLocal is when the local fallback last recorded hits (s.clock,

@@ -21,28 +21,28 @@ descriptors:
 func TestConcurrencyLimitAnswers(t *testing.T) {
 	h := newHarness(t, mustParse(t, inFlightRules), nil)
 	two := limMult(2, second, "", 10)
-	start := func(id string) *dstatusReq { return &dstatusReq{id: id} }
-	end := func(id string) *dstatusReq { return &dstatusReq{id: id, refund: true} }
+	const start, end = false, true
 	for i, s := range []struct {
 		at   time.Duration
-		call *dstatusReq
+		id   string
+		end  bool // the stream-done call (is_negative_hits)
 		want *dstatus
 	}{
-		{0, start("r1"), wantOK(two, 1, 10*time.Second)},
-		{time.Second, start("r2"), wantOK(two, 0, 10*time.Second)},
-		{2 * time.Second, start("r3"), wantOver(two, 0, 8*time.Second)},
-		{3 * time.Second, end("r1"), wantOK(two, 1, 8*time.Second)},
-		{4 * time.Second, start("r3"), wantOK(two, 0, 10*time.Second)},
+		{0, "r1", start, wantOK(two, 1, 10*time.Second)},
+		{time.Second, "r2", start, wantOK(two, 0, 10*time.Second)},
+		{2 * time.Second, "r3", start, wantOver(two, 0, 8*time.Second)},
+		{3 * time.Second, "r1", end, wantOK(two, 1, 8*time.Second)},
+		{4 * time.Second, "r3", start, wantOK(two, 0, 10*time.Second)},
 		// r2 never ends: its lease does, at 11s.
-		{11 * time.Second, start("r4"), wantOK(two, 0, 10*time.Second)},
+		{11 * time.Second, "r4", start, wantOK(two, 0, 10*time.Second)},
 		// r2's refund after its lease ended frees nothing.
-		{12 * time.Second, end("r2"), wantOK(two, 0, 2*time.Second)}, // a refund is never refused
-		{12 * time.Second, start("r5"), wantOver(two, 0, 2*time.Second)},
-		{14 * time.Second, start("r5"), wantOK(two, 0, 10*time.Second)},
+		{12 * time.Second, "r2", end, wantOK(two, 0, 2*time.Second)}, // a refund is never refused
+		{12 * time.Second, "r5", start, wantOver(two, 0, 2*time.Second)},
+		{14 * time.Second, "r5", start, wantOK(two, 0, 10*time.Second)},
 	} {
 		h.clock.Set(s.at)
-		d := desc("uploads", "api", "request_id", s.call.id)
-		if s.call.refund {
+		d := desc("uploads", "api", "request_id", s.id)
+		if s.end {
 			d = with(d, refund())
 		}
 		resp, err := h.call(req("d", d))
@@ -51,10 +51,4 @@ func TestConcurrencyLimitAnswers(t *testing.T) {
 		}
 		checkStatuses(t, resp, []*dstatus{s.want})
 	}
-}
-
-// dstatusReq is one row's call: a start or an end of request id.
-type dstatusReq struct {
-	id     string
-	refund bool
 }

@@ -47,11 +47,11 @@ type LeaseCounter struct {
 	spec Spec
 	seen atomic.Int64 // newest time seen (ns), written under mu; read lock-free for LRU
 
-	mu      sync.Mutex
-	leases  []lease // in order of start (and so of end)
-	held    uint64  // slots held by live leases
-	grown   atomic.Int64
-	pending int // cap(leases) the Store last accounted for
+	mu        sync.Mutex
+	leases    []lease // in order of start (and so of end)
+	held      uint64  // slots held by live leases
+	grown     atomic.Int64
+	accounted int // cap(leases) as last added to grown
 }
 
 // lease is one holder's slots, leased from start for a window length.
@@ -252,10 +252,10 @@ func (c *LeaseCounter) resized() {
 	if cp := cap(c.leases); cp > 16 && len(c.leases) < cp/4 {
 		c.leases = append(make([]lease, 0, cp/2), c.leases...)
 	}
-	if cp := cap(c.leases); cp != c.pending {
+	if cp := cap(c.leases); cp != c.accounted {
 		size := int64(unsafe.Sizeof(lease{}))
-		c.grown.Add(sizeClass(int64(cp)*size) - sizeClass(int64(c.pending)*size))
-		c.pending = cp
+		c.grown.Add(sizeClass(int64(cp)*size) - sizeClass(int64(c.accounted)*size))
+		c.accounted = cp
 	}
 }
 
