@@ -8,8 +8,6 @@ import (
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // budgetRules: 100 tokens per user per second, charged always (the
@@ -30,13 +28,9 @@ descriptors:
 // OVER_LIMIT, the next check is OVER_LIMIT with a reset within the window,
 // and once the window has passed the check is OK again.
 func TestBinaryBudgetChargedAfterTheResponse(t *testing.T) {
-	for _, backend := range []string{"memory", "redis"} {
+	for n, backend := range []string{"memory", "redis"} {
 		t.Run(backend, func(t *testing.T) {
-			env := []string{"RUNTIME_ROOT=" + ruleRoot(t, budgetRules)}
-			if backend == "redis" {
-				env = append(env, "BACKEND_TYPE=redis", "REDIS_URL="+redistest.Start(t).Addr())
-			}
-			client := startBinary(t, nil, env...).dial(t)
+			client := startReplicas(t, ruleRoot(t, budgetRules), n)[0]
 			call := func(hits uint64) *rlsv3.RateLimitResponse_DescriptorStatus {
 				t.Helper()
 				resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm",

@@ -9,8 +9,6 @@ import (
 
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 const capacityRules = `domain: cap
@@ -39,18 +37,9 @@ func TestBinaryFullCapacity(t *testing.T) {
 		t.Skip("runs for about 20 s of real time")
 	}
 	root := ruleRoot(t, capacityRules)
-	for _, backend := range []string{"memory", "redis, two replicas"} {
+	for n, backend := range []string{"memory", "redis, two replicas"} {
 		t.Run(backend, func(t *testing.T) {
-			var clients []rlsv3.RateLimitServiceClient
-			if backend == "memory" {
-				clients = append(clients, startBinary(t, nil, "RUNTIME_ROOT="+root).dial(t))
-			} else {
-				r := redistest.Start(t)
-				for range 2 {
-					rb := startBinary(t, nil, "RUNTIME_ROOT="+root, "BACKEND_TYPE=redis", "REDIS_URL="+r.Addr())
-					clients = append(clients, rb.dial(t))
-				}
-			}
+			clients := startReplicas(t, root, 2*n)
 			// ask sends one call for key through the replicas in turn.
 			var turn sync.Mutex
 			next := 0

@@ -7,8 +7,6 @@ import (
 
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
-	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // inFlightRules: two uploads in flight, each request's slot leased for 2s
@@ -30,18 +28,9 @@ descriptors:
 // admit, refuse at the cap, refund, a lease that ends without its refund
 // (the refusal's reset says when), and a late refund that frees nothing.
 func TestBinaryConcurrencyLimit(t *testing.T) {
-	for _, backend := range []string{"memory", "redis, two replicas"} {
+	for n, backend := range []string{"memory", "redis, two replicas"} {
 		t.Run(backend, func(t *testing.T) {
-			root := ruleRoot(t, inFlightRules)
-			var clients []rlsv3.RateLimitServiceClient
-			if backend == "memory" {
-				clients = append(clients, startBinary(t, nil, "RUNTIME_ROOT="+root).dial(t))
-			} else {
-				r := redistest.Start(t)
-				for range 2 {
-					clients = append(clients, startBinary(t, nil, "RUNTIME_ROOT="+root, "BACKEND_TYPE=redis", "REDIS_URL="+r.Addr()).dial(t))
-				}
-			}
+			clients := startReplicas(t, ruleRoot(t, inFlightRules), 2*n)
 			n := 0
 			call := func(id string, end bool) *rlsv3.RateLimitResponse_DescriptorStatus {
 				t.Helper()

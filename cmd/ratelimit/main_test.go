@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 const rules = `domain: bin
@@ -185,6 +187,22 @@ func environ(env ...string) []string {
 		out = append(out, kv)
 	}
 	return append(out, env...)
+}
+
+// startReplicas starts the binary on the rules under root and dials it: one
+// process in memory with replicas 0, else replicas processes sharing one
+// real redis-server started for the test.
+func startReplicas(t *testing.T, root string, replicas int) []rlsv3.RateLimitServiceClient {
+	t.Helper()
+	if replicas == 0 {
+		return []rlsv3.RateLimitServiceClient{startBinary(t, nil, "RUNTIME_ROOT="+root).dial(t)}
+	}
+	r := redistest.Start(t)
+	var clients []rlsv3.RateLimitServiceClient
+	for range replicas {
+		clients = append(clients, startBinary(t, nil, "RUNTIME_ROOT="+root, "BACKEND_TYPE=redis", "REDIS_URL="+r.Addr()).dial(t))
+	}
+	return clients
 }
 
 // ruleRoot returns a RUNTIME_ROOT whose config directory holds rules as
