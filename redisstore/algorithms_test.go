@@ -42,13 +42,27 @@ func TestMatchesInMemoryStore(t *testing.T) {
 	ft := &fakeTime{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
-	sw, tb, fw, lg, cc := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.Concurrency
+	sw, tb, fw, lg, cc, bk := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.Concurrency, window.TimeBuckets
+	// every is one key of every algorithm of window's table, so that an
+	// algorithm added there is compared here without editing this test.
+	var every []diffKey
+	for _, a := range window.Algorithms() {
+		buckets := 1
+		if a.Info().Bucketed {
+			buckets = 10
+		}
+		every = append(every, diffKey{a, 10 * time.Second, buckets, 4})
+	}
 	for _, tc := range []struct {
 		name string
 		keys []diffKey
 		step time.Duration // time moves by up to this between batches
 		mode diffMode
 	}{
+		{"every_algorithm", every, time.Second, held},
+		{"time_buckets", []diffKey{
+			{bk, time.Second, 10, 10}, {bk, 10 * time.Second, 20, 5}, {bk, time.Second, 1, 3}, {bk, time.Second, 4, 0},
+		}, 120 * time.Millisecond, plain},
 		{"sliding", []diffKey{
 			{sw, time.Second, 10, 10}, {sw, time.Second, 1, 5}, {sw, 3 * time.Second, 3, 7}, {sw, time.Second, 20, 0},
 		}, 120 * time.Millisecond, plain},
@@ -414,7 +428,7 @@ func TestMicrosecondBuckets(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer rdb.Close()
-	fields, err := rdb.HKeys(ctx, s.redisKey("micro")).Result()
+	fields, err := rdb.HKeys(ctx, s.counterKey(&q)).Result()
 	if want := fmt.Sprint(int64(at / time.Microsecond)); err != nil || len(fields) != 1 || fields[0] != want {
 		t.Fatalf("fields %q %v, want [%s]", fields, err, want)
 	}

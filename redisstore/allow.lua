@@ -812,7 +812,8 @@ local function runGroup(kb, packed, n, dry, reply)
         if st.created and st.alg == 1 then
           redis.call('HSET', key, 'tat', formatNs(st.t, 0), 'seen', formatNs(st.t, 0))
           redis.call('PEXPIRE', key, math.ceil(st.w / 1000000) + 1)
-        elseif st.created and st.alg == 2 then
+        elseif st.created and st.alg == 2 and not st.keep then
+          -- (a kept charge was written above: it is not reset to 0)
           st.cnt, st.dirty = 0, true
           FW.write(key, st)
         end

@@ -71,7 +71,7 @@ func benchDo(b *testing.B, s *Store, rt *roundTrips, sp window.Spec, alg string,
 			return func(ctx context.Context, i int) error {
 				k := i % keys
 				for d := range reqs {
-					q := window.Request{Key: names[d][k], Spec: sp, Limit: maxLimit, Hits: 1, Veto: true, Algorithm: algFor(d)}
+					q := window.Request{Key: names[d][k], Spec: sp, Limit: window.MaxLimit, Hits: 1, Veto: true, Algorithm: algFor(d)}
 					if q.Algorithm == window.SlidingLog {
 						q.Limit = 100 // a small limit, its use case (each call reads the whole log)
 					}

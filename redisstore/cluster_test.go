@@ -72,7 +72,7 @@ func TestCluster(t *testing.T) {
 	keys := []string{"user_alice", "user_bob", "path_/x", "tenant_42"}
 	slots := map[uint16]bool{}
 	for _, k := range keys {
-		slots[keySlot(a.redisKey(k))] = true
+		slots[keySlot(a.counterKey(&window.Request{Key: k}))] = true
 	}
 	if len(slots) < 3 {
 		t.Fatalf("test keys share slots: %v", slots)
@@ -80,11 +80,11 @@ func TestCluster(t *testing.T) {
 	// keySlot agrees with the cluster.
 	cc := a.client.(*redis.ClusterClient)
 	for _, k := range keys {
-		want, err := cc.ClusterKeySlot(ctx, a.redisKey(k)).Result()
+		want, err := cc.ClusterKeySlot(ctx, a.counterKey(&window.Request{Key: k})).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := keySlot(a.redisKey(k)); int64(got) != want {
+		if got := keySlot(a.counterKey(&window.Request{Key: k})); int64(got) != want {
 			t.Fatalf("keySlot(%q) = %d, cluster says %d", k, got, want)
 		}
 	}

@@ -15,7 +15,7 @@ func (s *Store) failed(ctx context.Context, reqs []window.Request, results []win
 	case FailAllow:
 		// Nothing is counted; the quota left is unknown: report the limit.
 		for _, i := range send {
-			results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, maxLimit)}
+			results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, window.MaxLimit)}
 		}
 		return results, nil
 	case FailDeny:
@@ -24,7 +24,7 @@ func (s *Store) failed(ctx context.Context, reqs []window.Request, results []win
 		// refused (it is not applied either; the quota left is unknown).
 		for _, i := range send {
 			if reqs[i].Negative {
-				results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, maxLimit)}
+				results[i] = window.Result{Allowed: true, Remaining: min(reqs[i].Limit, window.MaxLimit)}
 				continue
 			}
 			results[i] = window.Result{Reset: reqs[i].Spec.BucketLength()}
@@ -93,7 +93,7 @@ func (s *Store) withLocalHits(ctx context.Context, reqs []window.Request, send [
 	copy(adjusted, reqs)
 	localReset = make([]time.Duration, len(reqs))
 	for j, i := range idx {
-		limit := min(reqs[i].Limit, maxLimit)
+		limit := min(reqs[i].Limit, window.MaxLimit)
 		used := limit - min(counted[j].Remaining, limit)
 		adjusted[i].Limit = limit - used
 		localReset[i] = counted[j].Reset

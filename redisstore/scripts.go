@@ -55,51 +55,32 @@ func prelude(library bool) string {
 		window.Blocks, window.ExactLimit, uint64(window.MaxLimit), library) + commonLua + checkpointLua
 }
 
-// maxLimit is the largest limit enforced, as in window.Counter (Envoy's
-// requests_per_unit is a uint32); larger limits are clamped to it.
-const maxLimit = math.MaxUint32
-
-// checkSpec rejects the zero Spec and bucket lengths the script cannot
-// represent (it works in whole microseconds).
-func checkSpec(sp window.Spec) error {
-	if sp.Buckets() < 1 || sp.Length() <= 0 {
-		return errors.New("invalid Spec (build it with window.NewSpec)")
+// CheckRequest returns nil if a Store serves req, and otherwise why not:
+// what window.CheckRequest refuses, and a bucket length that is not a whole
+// number of microseconds (the scripts work in microseconds, Redis's TIME
+// resolution), which only a time_buckets limit with many buckets can have.
+// It needs no Redis: `check-config` checks rules with it offline.
+func CheckRequest(req *window.Request) error {
+	if err := window.CheckRequest(req); err != nil {
+		return err
 	}
-	if sp.BucketLength()%time.Microsecond != 0 {
-		return fmt.Errorf("bucket length %v is not a whole number of microseconds (needed by the Redis backend)", sp.BucketLength())
+	if req.Spec.BucketLength()%time.Microsecond != 0 {
+		return fmt.Errorf("bucket length %v: %w", req.Spec.BucketLength(), ErrBucketLength)
 	}
 	return nil
 }
 
-// redisKey returns the Redis key of a sliding-window counter: its hash tag
-// is the whole Request.Key, so the slot depends on the key alone.
-func (s *Store) redisKey(key string) string {
-	return s.prefix + "{" + key + "}"
-}
+// ErrBucketLength is returned (wrapped) by CheckRequest for a Spec whose
+// bucket length is not a whole number of microseconds.
+var ErrBucketLength = errors.New("the Redis backend needs bucket lengths in whole microseconds")
 
-// counterKey returns the Redis key of req's counter: redisKey, with a
-// suffix naming the algorithm for the sliding window (":sw"), the token
-// bucket (":tb"), the fixed window (":fw"), the sliding log (":log") and
-// the concurrency limit (":cc"), so
-// that a key never meets a layout it was not written with (time buckets
-// keep the bare key, which earlier versions used for their sliding
-// window's hash). The hash tag, hence the slot, is the
-// same for every algorithm.
+// counterKey returns the Redis key of req's counter: its hash tag is the
+// whole Request.Key, so the slot depends on the key alone and is the same
+// for every algorithm, and the algorithm's key suffix
+// (window.AlgorithmInfo.KeySuffix) ends it, so that a key never meets a
+// layout it was not written with.
 func (s *Store) counterKey(req *window.Request) string {
-	var suffix string
-	switch req.Algorithm {
-	case window.SlidingWindow:
-		suffix = ":sw"
-	case window.TokenBucket:
-		suffix = ":tb"
-	case window.FixedWindow:
-		suffix = ":fw"
-	case window.SlidingLog:
-		suffix = ":log"
-	case window.Concurrency:
-		suffix = ":cc"
-	}
-	return s.prefix + "{" + req.Key + "}" + suffix // one allocation
+	return s.prefix + "{" + req.Key + "}" + req.Algorithm.Info().KeySuffix // one allocation
 }
 
 // timeBucket converts the Result.Bucket of a sliding window or a sliding
@@ -108,9 +89,7 @@ func (s *Store) counterKey(req *window.Request) string {
 const timeBucket = int64(time.Microsecond)
 
 // bucketIsTime reports whether a's Result.Bucket is a time (see timeBucket).
-func bucketIsTime(a window.Algorithm) bool {
-	return a == window.SlidingWindow || a == window.SlidingLog || a == window.Concurrency
-}
+func bucketIsTime(a window.Algorithm) bool { return a.Info().BucketIsTime }
 
 // flag renders a bool as a script argument.
 func flag(b bool) string {
@@ -289,8 +268,8 @@ func packArgs(dst []byte, r *window.Request) []byte {
 	for _, v := range []uint64{
 		uint64(r.Spec.BucketLength() / time.Microsecond),
 		uint64(r.Spec.Buckets()),
-		min(r.Limit, maxLimit),
-		min(r.Hits, maxLimit+1), // beyond the limit either way
+		min(r.Limit, window.MaxLimit),
+		min(r.Hits, window.MaxLimit+1), // beyond the limit either way
 	} {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
 	}
@@ -366,8 +345,8 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 			if r.Algorithm == window.Concurrency {
 				field = leaseField(r, bucket)
 			}
-			c.args = append(c.args, int(r.Algorithm), field, min(r.Hits, maxLimit),
-				min(r.Limit, maxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
+			c.args = append(c.args, int(r.Algorithm), field, min(r.Hits, window.MaxLimit),
+				min(r.Limit, window.MaxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
 		}
 	}
 	return s.run(ctx, "undo", undoScript, calls)

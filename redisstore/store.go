@@ -103,14 +103,13 @@ type Store struct {
 }
 
 var (
-	_ window.Limiter          = (*Store)(nil)
-	_ window.AlgorithmChecker = (*Store)(nil)
+	_ window.Limiter        = (*Store)(nil)
+	_ window.RequestChecker = (*Store)(nil)
 )
 
-// SupportsAlgorithm reports whether the Store serves a: every Algorithm of
-// package window (SlidingWindow, TokenBucket, FixedWindow, SlidingLog,
-// TimeBuckets, Concurrency).
-func (s *Store) SupportsAlgorithm(a window.Algorithm) bool { return a <= window.Concurrency }
+// CheckRequest returns the package's CheckRequest(req): nil if Do serves
+// req (see window.RequestChecker).
+func (s *Store) CheckRequest(req *window.Request) error { return CheckRequest(req) }
 
 // New returns a Store for opts. It does not wait for Redis: it starts a
 // health check that runs until ctx is done or Close is called, logs whether
@@ -204,17 +203,8 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		return results, nil
 	}
 	for i := range reqs {
-		if err := checkSpec(reqs[i].Spec); err != nil {
+		if err := CheckRequest(&reqs[i]); err != nil {
 			return nil, fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, err)
-		}
-		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
-			return nil, fmt.Errorf("request %d (key %q): %v is not supported by the Redis backend", i, reqs[i].Key, reqs[i].Algorithm)
-		}
-		if err := window.CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
-			return nil, fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
-		}
-		if reqs[i].ChargeAlways && !window.ChargeAlwaysSupported(reqs[i].Algorithm) {
-			return nil, fmt.Errorf("request %d (key %q): %v: %w", i, reqs[i].Key, reqs[i].Algorithm, window.ErrChargeAlways)
 		}
 	}
 
@@ -239,7 +229,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 				send = append(send, i)
 				continue
 			}
-			if rem, reset, ok := s.cache.get(r.Key, now, min(r.Limit, maxLimit), need(r.Hits)); ok {
+			if rem, reset, ok := s.cache.get(r.Key, now, min(r.Limit, window.MaxLimit), need(r.Hits)); ok {
 				s.metrics.cacheHits.Inc()
 				results[i] = window.Result{Remaining: rem, Reset: reset}
 				if r.Veto {
@@ -296,7 +286,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		for _, i := range send {
 			if r := &results[i]; !r.Allowed && !reqs[i].Negative && reqs[i].Algorithm != window.Concurrency {
 				q := &reqs[i]
-				s.cache.put(q.Key, now, r.Reset, min(q.Limit, maxLimit), need(q.Hits), r.Remaining)
+				s.cache.put(q.Key, now, r.Reset, min(q.Limit, window.MaxLimit), need(q.Hits), r.Remaining)
 			}
 		}
 	}
@@ -343,7 +333,7 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 	for i := range reqs {
 		r := results[i]
 		switch {
-		case !r.Recorded || reqs[i].Hits == 0 || reqs[i].Negative || checkSpec(reqs[i].Spec) != nil:
+		case !r.Recorded || reqs[i].Hits == 0 || reqs[i].Negative || CheckRequest(&reqs[i]) != nil:
 		case r.Bucket < 0:
 			r.Bucket = localBucket(r.Bucket)
 			localReqs = append(localReqs, reqs[i])

@@ -436,14 +436,14 @@ func TestInvalidSpec(t *testing.T) {
 			t.Errorf("spec %+v: no error", sp)
 		}
 	}
-	// An unknown algorithm is an error, and SupportsAlgorithm says so
+	// An unknown algorithm is an error, and CheckRequest says so
 	// beforehand (the service rejects such rules when loading).
 	sp := mustSpec(t, time.Second, 10)
-	unknown := window.Concurrency + 1
-	for _, a := range []window.Algorithm{window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.TimeBuckets, window.Concurrency, unknown} {
-		_, err := s.Do(ctx, []window.Request{{Key: "alg", Spec: sp, Limit: 1, Hits: 1, Algorithm: a}})
-		if supported := s.SupportsAlgorithm(a); supported != (err == nil) || supported == (a == unknown) {
-			t.Errorf("%v: supported %t, Do error %v", a, supported, err)
+	for _, a := range append(window.Algorithms(), window.Concurrency+1) {
+		q := window.Request{Key: "alg", Spec: sp, Limit: 1, Hits: 1, Algorithm: a}
+		_, err := s.Do(ctx, []window.Request{q})
+		if checked := s.CheckRequest(&q); (checked == nil) != (err == nil) || (checked == nil) != a.Valid() {
+			t.Errorf("%v: CheckRequest %v, Do error %v", a, checked, err)
 		}
 	}
 	// A sliding log's limit is bounded, as in memory.

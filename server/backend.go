@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -35,6 +36,17 @@ func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logge
 		return newRedisBackend(s, reg, logger, tp)
 	}
 	return backend{}, fmt.Errorf("BACKEND_TYPE %q is not supported", s.BackendType)
+}
+
+// backendChecker returns the request checks of the backend that
+// BACKEND_TYPE t selects, without building or reaching it (CheckConfig runs
+// offline): the checks its limiter makes (TestBackendCheckerIsTheLimiters).
+// A new backend type is one more case here too.
+func backendChecker(t string) window.RequestChecker {
+	if t == config.BackendRedis {
+		return window.RequestCheckerFunc(redisstore.CheckRequest)
+	}
+	return window.RequestCheckerFunc(window.CheckRequest)
 }
 
 // newMemoryBackend keeps every window in this process, bounded by MAX_KEYS

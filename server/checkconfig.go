@@ -16,14 +16,16 @@ import (
 // with settings would load it: the same loader options (MERGE_DOMAIN_CONFIG)
 // and the same check (ruleTargets.CheckRules on a service and breaker
 // registry built from settings, so WINDOW_BUCKETS, RESPONSE_DYNAMIC_METADATA
-// and every other setting that can refuse a rule apply). It writes every
+// and every other setting that can refuse a rule apply), with the request
+// checks of the backend BACKEND_TYPE selects (backendChecker), without
+// connecting to it. It writes every
 // error to w, one per line as "file:line: reason", or a one-line summary
 // when the rules are valid, and reports whether they are.
 func CheckConfig(dir string, settings config.Settings, w io.Writer) bool {
 	set, err := descriptors.Load(dir, ruleOptions(settings))
 	if err == nil {
 		var targets ruleTargets
-		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), window.NewMonotonicClock(),
+		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), backendChecker(settings.BackendType), window.NewMonotonicClock(),
 			prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err == nil {
 			err = targets.CheckRules(set)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/server"
 )
 
@@ -55,6 +56,11 @@ func TestCheckConfigUsesTheServersSettings(t *testing.T) {
 		mod(&s)
 		return s
 	}
+	r := redistest.Start(t)
+	onRedis := withSettings(func(s *config.Settings) { s.BackendType, s.Redis.URL = config.BackendRedis, r.Addr() })
+	// 1 s in 128 buckets: 7812.5 µs each, which the in-memory store keeps
+	// and the Redis scripts (whole microseconds) cannot.
+	subMicro := map[string]string{"a.yaml": "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2, algorithm: time_buckets, buckets: 128}\n"}
 	for _, c := range []struct {
 		name     string
 		files    map[string]string
@@ -69,6 +75,9 @@ func TestCheckConfigUsesTheServersSettings(t *testing.T) {
 			"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, config.Defaults(), false},
 		{"a domain in two files, merged", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 			"b.yaml": "domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, withSettings(func(s *config.Settings) { s.MergeDomainConfig = true }), true},
+		{"sub-microsecond buckets in memory", subMicro, config.Defaults(), true},
+		{"sub-microsecond buckets on Redis", subMicro, onRedis, false},
+		{"whole-microsecond buckets on Redis", map[string]string{"a.yaml": "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2, algorithm: time_buckets, buckets: 125}\n"}, onRedis, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "config")

@@ -32,7 +32,7 @@ const backendHealthInterval = 250 * time.Millisecond
 // would make Envoy and Kubernetes drop every replica at once.
 //
 // With REDIS_PERSECOND a second store serves the windows of one second or
-// shorter (perSecondSplit); its metrics and the main store's then carry a
+// shorter (window.Split); its metrics and the main store's then carry a
 // label redis="persecond" or redis="main".
 func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logger, tp trace.TracerProvider) (backend, error) {
 	opts, err := redisOptions(s.Redis)
@@ -84,7 +84,7 @@ func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.
 			closeAll()
 			return backend{}, fmt.Errorf("REDIS_PERSECOND: %w", err)
 		}
-		limiter = perSecondSplit{main: store, perSecond: perSecond}
+		limiter = window.Split{Long: store, Short: perSecond, MaxShort: time.Second}
 	}
 	errorMode := opts.FailureMode == redisstore.FailError
 	return backend{

@@ -46,8 +46,10 @@ type ruleTargets struct {
 
 // newRuleTargets creates the circuit-breaker registry and the rate-limit
 // service that consults it, from settings: the one place that maps the
-// settings to them, for the server and for CheckConfig alike.
-func newRuleTargets(settings config.Settings, limiter window.Limiter, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
+// settings to them, for the server and for CheckConfig alike. checker, when
+// not nil, replaces limiter's own request checks (CheckConfig has no
+// backend, only the configured backend's checks).
+func newRuleTargets(settings config.Settings, limiter window.Limiter, checker window.RequestChecker, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
 	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("BREAKER_HEADERS: %w", err)
@@ -67,6 +69,7 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, clock wind
 	}
 	svc, err := service.New(service.Options{
 		Limiter:         limiter,
+		Checker:         checker,
 		Breakers:        breakers,
 		Registry:        reg,
 		Logger:          logger,

@@ -137,7 +137,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		limiter = o.wrapLimiter(limiter)
 	}
 	s.clock = window.NewMonotonicClock()
-	targets, err := newRuleTargets(settings, limiter, s.clock, s.registry, logger)
+	targets, err := newRuleTargets(settings, limiter, nil, s.clock, s.registry, logger)
 	if err != nil {
 		b.close()
 		return nil, err

@@ -531,7 +531,7 @@ descriptors:
 	if err := newHarness(t, nil, nil).svc.CheckRules(mustParse(t, testRules)); err != nil {
 		t.Fatalf("CheckRules(testRules) = %v", err)
 	}
-	// A backend that does not serve an algorithm (window.AlgorithmChecker)
+	// A backend that does not serve an algorithm (window.RequestChecker)
 	// gets the rules that ask for it rejected, with rule, file and line.
 	logRules := mustParse(t, `
 domain: d
@@ -546,7 +546,7 @@ descriptors:
 	}
 	noLog := newHarness(t, nil, func(o *Options) { o.Limiter = noLogLimiter{o.Limiter} })
 	err = noLog.svc.CheckRules(logRules)
-	if err == nil || err.Error() != "rulesa.yaml:6: rule d.lg, limit 1: algorithm sliding_log is not supported by the rate-limit backend" {
+	if err == nil || err.Error() != "rulesa.yaml:6: rule d.lg, limit 1: the rate-limit backend cannot serve it: sliding_log is not served" {
 		t.Fatalf("CheckRules(sliding_log) on a backend without it = %v", err)
 	}
 }
@@ -554,7 +554,12 @@ descriptors:
 // noLogLimiter is a Limiter that does not serve window.SlidingLog.
 type noLogLimiter struct{ window.Limiter }
 
-func (noLogLimiter) SupportsAlgorithm(a window.Algorithm) bool { return a != window.SlidingLog }
+func (noLogLimiter) CheckRequest(req *window.Request) error {
+	if req.Algorithm == window.SlidingLog {
+		return errors.New("sliding_log is not served")
+	}
+	return window.CheckRequest(req)
+}
 
 // failingLimiter fails every call with err.
 type failingLimiter struct{ err error }

@@ -64,6 +64,11 @@ const DefaultMaxDescriptors = 64
 type Options struct {
 	// Limiter admits the hits of every request; required.
 	Limiter window.Limiter
+	// Checker says which requests the backend serves; CheckRules refuses
+	// every limit whose requests it refuses. If nil,
+	// window.CheckerOf(Limiter). (`check-config` sets it to the configured
+	// backend's checker, which needs no connection.)
+	Checker window.RequestChecker
 	// Breakers are consulted for rules with a circuit breaker; nil means
 	// no breakers.
 	Breakers Breakers
@@ -119,6 +124,7 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	limiter  window.Limiter
+	checker  window.RequestChecker
 	breakers Breakers
 	log      *slog.Logger
 	// backendWarn keeps a backend outage from logging once per request;
@@ -190,6 +196,9 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("service: registering metrics: %w", err)
 	}
+	if opts.Checker == nil {
+		opts.Checker = window.CheckerOf(opts.Limiter)
+	}
 	maxDescs := opts.MaxDescriptors
 	if maxDescs <= 0 {
 		maxDescs = DefaultMaxDescriptors
@@ -197,6 +206,7 @@ func New(opts Options) (*Service, error) {
 	s := &Service{
 		maxDescriptors: maxDescs,
 		limiter:        opts.Limiter,
+		checker:        opts.Checker,
 		breakers:       opts.Breakers,
 		log:            log,
 		shadow:         opts.ShadowMode,
@@ -265,9 +275,9 @@ func (s *Service) Rules() *descriptors.Set {
 
 // CheckRules reports every rule of set that this service cannot serve as
 // written, as errors.Join of *descriptors.Error; nil when the whole set can
-// be served: a time_buckets window its bucket count does not divide, an
-// algorithm the Limiter does not serve (when it implements
-// window.AlgorithmChecker; the in-memory window.Store serves them all), or
+// be served: a time_buckets window its bucket count does not divide, a
+// limit whose requests the backend refuses (Options.Checker: an algorithm
+// it does not serve, a bucket length it cannot represent), or
 // (with DynamicMetadata) metadata that has no protobuf Struct form. Limits
 // no algorithm can enforce (window.CheckLimit) never reach a Set: the
 // loader refuses them with their file and line.
@@ -367,11 +377,6 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 	}
 	for i, l := range r.Limits {
 		alg := l.Algorithm
-		if c, ok := s.limiter.(window.AlgorithmChecker); ok && !c.SupportsAlgorithm(alg) {
-			info.err = fmt.Errorf("rule %s, limit %d: algorithm %s is not supported by the rate-limit backend", r.ID, i+1, alg)
-			info.limits = nil
-			return info
-		}
 		buckets := 1 // only time_buckets has buckets
 		if alg == window.TimeBuckets {
 			buckets = cmp.Or(l.Buckets, s.buckets)
@@ -390,6 +395,11 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			mult:   reportedMultiplier(l),
 			alg:    alg,
 			charge: l.ChargeAlways,
+		}
+		if err := s.checker.CheckRequest(&window.Request{Spec: spec, Limit: li.limit, Algorithm: alg, ChargeAlways: li.charge}); err != nil {
+			info.err = fmt.Errorf("rule %s, limit %d: the rate-limit backend cannot serve it: %w", r.ID, i+1, err)
+			info.limits = nil
+			return info
 		}
 		li.suffix = specSuffix(spec, alg, "")
 		for _, prev := range info.limits {

@@ -7,7 +7,10 @@ import (
 	"unsafe"
 )
 
-// Algorithm selects how a key's counter admits hits.
+// Algorithm selects how a key's counter admits hits. Its number is also how
+// the Redis backend's scripts name it (they are given the constants by name,
+// generated from Algorithms), so the numbers of the constants below never
+// change; a new algorithm takes the next one.
 type Algorithm uint8
 
 // The algorithms a Request may choose.
@@ -19,19 +22,19 @@ const (
 	// ExactLimit it is the exact sliding log, and up to Blocks the exact log
 	// with times rounded up to TickLength. 256 bytes per key whatever the
 	// limit; see Counter. The Spec's bucket count is ignored.
-	SlidingWindow Algorithm = iota
+	SlidingWindow Algorithm = 0
 	// TokenBucket is GCRA: a bucket of limit tokens refilled at limit per
 	// Spec.Length(), one timestamp per key. A full bucket admits a burst of
 	// limit at once, then hits pass at the refill rate; in any interval T at
 	// most limit + limit*T/Length() are admitted. Pick it for burst-friendly
 	// APIs and smooth pacing; retry times are exact. Buckets are ignored.
-	TokenBucket
+	TokenBucket Algorithm = 1
 	// FixedWindow counts hits in epoch-aligned windows of Spec.Length()
 	// (as envoyproxy/ratelimit does), so up to 2x limit can pass around a
 	// window edge. Unlike envoyproxy/ratelimit, refused hits are not
 	// counted. Pick it to reproduce that service's behaviour exactly.
 	// Buckets are ignored.
-	FixedWindow
+	FixedWindow Algorithm = 2
 	// SlidingLog is the exact sliding window to the nanosecond: one
 	// timestamp per admitted hit, at most limit hits in any window of
 	// length Spec.Length() and no false rejects. Memory is 8 bytes per unit
@@ -41,63 +44,138 @@ const (
 	// timestamps rounded up to TickLength) in a fixed size, so SlidingLog
 	// is only for rules that need nanosecond timestamps. Buckets are
 	// ignored.
-	SlidingLog
+	SlidingLog Algorithm = 3
 	// TimeBuckets is Sentinel's LeapArray made safe: Spec.Buckets() time
 	// buckets per window, the oldest (partly overlapping) bucket counted in
 	// full, so at most limit hits pass in any window; a hit counts for
 	// between W and W + W/buckets, which costs up to 1/(buckets+1) of the
 	// capacity under steady load and much more for bursty clients (see
 	// BucketCounter). Pick it for Sentinel's semantics or comparisons.
-	TimeBuckets
+	TimeBuckets Algorithm = 4
 	// Concurrency limits requests in flight, not a rate: a hit holds a slot
 	// until a refund (Request.Negative) gives it back, or until its lease,
 	// Spec.Length(), ends; see LeaseCounter. Limits are capped at
 	// MaxLogLimit. Rule files spell it as a concurrency_limit block, not as
 	// a rate_limit algorithm, so ParseAlgorithm does not name it.
-	Concurrency
+	Concurrency Algorithm = 5
 )
 
-// String returns the algorithm's name in rule files.
-func (a Algorithm) String() string {
-	switch a {
-	case SlidingWindow:
-		return "sliding_window"
-	case TokenBucket:
-		return "token_bucket"
-	case FixedWindow:
-		return "fixed_window"
-	case SlidingLog:
-		return "sliding_log"
-	case TimeBuckets:
-		return "time_buckets"
-	case Concurrency:
-		return "concurrency"
-	}
-	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+// AlgorithmInfo is everything the layers above window know of an
+// Algorithm: rule parsing, the Redis backend's keys and scripts, the
+// conformance and parity tests and the docs read it from Algorithm.Info,
+// so that an algorithm is described in one place (the table below).
+type AlgorithmInfo struct {
+	// Name is the algorithm's name in rule files, errors and metrics.
+	Name string
+	// KeySuffix ends the Redis key of the algorithm's counters, so that a
+	// key never meets a layout it was not written with. It is persisted
+	// state: changing it resets every counter of the algorithm on deploy.
+	// (Time buckets keep the bare key, which earlier versions used.)
+	KeySuffix string
+	// InRules reports whether rule files name it as a rate_limit
+	// algorithm (ParseAlgorithm accepts it).
+	InRules bool
+	// ChargeAlways reports whether it serves Request.ChargeAlways: whether
+	// its counts can exceed the limit.
+	ChargeAlways bool
+	// Bucketed reports whether it reads Spec.Buckets(); the others are
+	// given Specs of one bucket.
+	Bucketed bool
+	// BucketIsTime reports whether Result.Bucket is a time (ns on the
+	// Limiter's clock) rather than a bucket or window number.
+	BucketIsTime bool
+	// MaxLimit is the largest limit it enforces; a Request above it is
+	// refused with LimitErr. Algorithms that clamp larger limits to
+	// window.MaxLimit have MaxLimit set to it and LimitErr nil.
+	MaxLimit uint64
+	// LimitErr is the error (ErrLogLimit, ErrConcurrencyLimit) for a
+	// limit above MaxLimit, nil when larger limits are clamped.
+	LimitErr error
+
+	newMeter func(Spec) meter
 }
 
-// ParseAlgorithm returns the Algorithm that String names (as rule files
-// spell it: sliding_window, token_bucket, fixed_window, sliding_log,
-// time_buckets), and false for any other name.
+// algorithms is the table every Algorithm is described in, indexed by it.
+var algorithms = [...]AlgorithmInfo{
+	SlidingWindow: {Name: "sliding_window", KeySuffix: ":sw", InRules: true, ChargeAlways: true, BucketIsTime: true,
+		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewCounter(s) }},
+	TokenBucket: {Name: "token_bucket", KeySuffix: ":tb", InRules: true,
+		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewGCRA(s) }},
+	FixedWindow: {Name: "fixed_window", KeySuffix: ":fw", InRules: true, ChargeAlways: true,
+		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewFixedCounter(s) }},
+	SlidingLog: {Name: "sliding_log", KeySuffix: ":log", InRules: true, BucketIsTime: true,
+		MaxLimit: MaxLogLimit, LimitErr: ErrLogLimit, newMeter: func(s Spec) meter { return NewLogCounter(s) }},
+	TimeBuckets: {Name: "time_buckets", KeySuffix: "", InRules: true, Bucketed: true,
+		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewBucketCounter(s) }},
+	Concurrency: {Name: "concurrency", KeySuffix: ":cc", BucketIsTime: true,
+		MaxLimit: MaxLogLimit, LimitErr: ErrConcurrencyLimit, newMeter: func(s Spec) meter { return NewLeaseCounter(s) }},
+}
+
+// Algorithms returns every Algorithm, in the order of their numbers.
+func Algorithms() []Algorithm {
+	all := make([]Algorithm, len(algorithms))
+	for i := range all {
+		all[i] = Algorithm(i)
+	}
+	return all
+}
+
+// Valid reports whether a is one of the Algorithms.
+func (a Algorithm) Valid() bool { return int(a) < len(algorithms) }
+
+// Info returns a's description, the zero AlgorithmInfo for an invalid a.
+func (a Algorithm) Info() AlgorithmInfo {
+	if !a.Valid() {
+		return AlgorithmInfo{}
+	}
+	return algorithms[a]
+}
+
+// String returns the algorithm's name in rule files (Info().Name), or
+// "Algorithm(n)" for an invalid one.
+func (a Algorithm) String() string {
+	if !a.Valid() {
+		return fmt.Sprintf("Algorithm(%d)", uint8(a))
+	}
+	return algorithms[a].Name
+}
+
+// ParseAlgorithm returns the Algorithm that rule files name (one whose
+// Info().InRules is set: sliding_window, token_bucket, fixed_window,
+// sliding_log, time_buckets), and false for any other name.
 func ParseAlgorithm(name string) (Algorithm, bool) {
-	for a := SlidingWindow; a <= TimeBuckets; a++ {
-		if a.String() == name {
-			return a, true
+	for a := range algorithms {
+		if algorithms[a].InRules && algorithms[a].Name == name {
+			return Algorithm(a), true
 		}
 	}
 	return 0, false
 }
 
-// CheckLimit reports whether alg can enforce limit: nil for every algorithm
-// (limits above MaxLimit are clamped to it), except SlidingLog above
-// MaxLogLimit, which is ErrLogLimit, and Concurrency above MaxLogLimit,
-// which is ErrConcurrencyLimit. Rule loading and both Limiters refuse by it.
+// RuleAlgorithmNames returns the names ParseAlgorithm accepts, in the order
+// of the algorithms' numbers (for error texts and docs).
+func RuleAlgorithmNames() []string {
+	var names []string
+	for _, info := range algorithms {
+		if info.InRules {
+			names = append(names, info.Name)
+		}
+	}
+	return names
+}
+
+// ChargeAlwaysSupported reports whether algorithm a serves
+// Request.ChargeAlways (Info().ChargeAlways): SlidingWindow and
+// FixedWindow, whose counts can exceed the limit.
+func ChargeAlwaysSupported(a Algorithm) bool { return a.Info().ChargeAlways }
+
+// CheckLimit reports whether alg can enforce limit: nil when limit is at
+// most Info().MaxLimit or the algorithm clamps larger limits to MaxLimit
+// (every algorithm but SlidingLog and Concurrency, which refuse limits
+// above MaxLogLimit with ErrLogLimit and ErrConcurrencyLimit).
 func CheckLimit(alg Algorithm, limit uint64) error {
-	switch {
-	case alg == SlidingLog && limit > MaxLogLimit:
-		return ErrLogLimit
-	case alg == Concurrency && limit > MaxLogLimit:
-		return ErrConcurrencyLimit
+	if info := alg.Info(); info.LimitErr != nil && limit > info.MaxLimit {
+		return info.LimitErr
 	}
 	return nil
 }
@@ -125,27 +203,14 @@ type grower interface {
 	takeGrowth() int64
 }
 
-// charger is a meter that serves Request.ChargeAlways (see
-// ChargeAlwaysSupported).
+// charger is a meter that serves Request.ChargeAlways (an algorithm whose
+// Info().ChargeAlways is set).
 type charger interface {
 	ChargeAt(now time.Duration, hits, limit uint64) Result
 }
 
-func newMeter(spec Spec, alg Algorithm) meter {
-	switch alg {
-	case TokenBucket:
-		return NewGCRA(spec)
-	case FixedWindow:
-		return NewFixedCounter(spec)
-	case SlidingLog:
-		return NewLogCounter(spec)
-	case TimeBuckets:
-		return NewBucketCounter(spec)
-	case Concurrency:
-		return NewLeaseCounter(spec)
-	}
-	return NewCounter(spec)
-}
+// newMeter returns a new counter of algorithm alg (a valid one) for spec.
+func newMeter(spec Spec, alg Algorithm) meter { return algorithms[alg].newMeter(spec) }
 
 func (c *BucketCounter) undo(bucket int64, hits, _ uint64) { c.UndoAt(bucket, hits) }
 func (c *BucketCounter) refund(now time.Duration, hits, limit uint64) Result {

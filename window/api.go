@@ -45,7 +45,9 @@ package window
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -110,18 +112,75 @@ type Request struct {
 	Holder string
 }
 
-// ChargeAlwaysSupported reports whether algorithm a serves
-// Request.ChargeAlways: SlidingWindow and FixedWindow, whose counts can
-// exceed the limit. The others keep one slot per unit of limit
-// (SlidingLog), a single arrival time (TokenBucket) or are kept for
-// Sentinel's semantics (TimeBuckets), and refuse it.
-func ChargeAlwaysSupported(a Algorithm) bool {
-	return a == SlidingWindow || a == FixedWindow
-}
-
 // ErrChargeAlways is returned (wrapped) for a Request with ChargeAlways set
 // whose Algorithm does not serve it (see ChargeAlwaysSupported).
-var ErrChargeAlways = errors.New("window: charge always is served only by sliding_window and fixed_window")
+var ErrChargeAlways = errors.New("window: charge always is served only by " + strings.Join(chargeableNames(), " and "))
+
+// ErrUnknownAlgorithm is returned (wrapped) for a Request whose Algorithm
+// is not one of Algorithms.
+var ErrUnknownAlgorithm = errors.New("window: unknown algorithm")
+
+// chargeableNames returns the names of the algorithms that serve
+// Request.ChargeAlways.
+func chargeableNames() []string {
+	var names []string
+	for _, info := range algorithms {
+		if info.ChargeAlways {
+			names = append(names, info.Name)
+		}
+	}
+	return names
+}
+
+// CheckRequest returns nil if every Limiter serves req, or why none does:
+// a Spec not built by NewSpec (ErrInvalidSpec), an unknown Algorithm
+// (ErrUnknownAlgorithm), a Limit above what the algorithm enforces
+// (CheckLimit), or ChargeAlways on an algorithm that does not serve it
+// (ErrChargeAlways). It ignores Key, Hits, Veto, Negative and Holder: no
+// value of theirs makes a request an error. Every Limiter refuses a batch
+// holding such a request before recording anything.
+func CheckRequest(req *Request) error {
+	switch {
+	case !req.Spec.valid():
+		return ErrInvalidSpec
+	case !req.Algorithm.Valid():
+		return fmt.Errorf("%w %v", ErrUnknownAlgorithm, req.Algorithm)
+	case req.ChargeAlways && !ChargeAlwaysSupported(req.Algorithm):
+		return fmt.Errorf("%v: %w", req.Algorithm, ErrChargeAlways)
+	}
+	if err := CheckLimit(req.Algorithm, req.Limit); err != nil {
+		return fmt.Errorf("limit %d: %w", req.Limit, err)
+	}
+	return nil
+}
+
+// RequestChecker is implemented by a Limiter that refuses some requests
+// CheckRequest accepts (a backend that works in coarser units, say).
+// CheckRequest returns nil if and only if Do serves req rather than failing
+// with an error, whatever req's Key, Hits, Veto, Negative and Holder; it
+// never talks to a remote store. Package service checks every limit of a
+// rule set with it when the rules load, so that a rule the backend cannot
+// serve is refused with its file and line instead of turning each request
+// it matches into an error (which Envoy lets through). A Limiter that does
+// not implement it is taken to serve every request CheckRequest accepts.
+type RequestChecker interface {
+	CheckRequest(req *Request) error
+}
+
+// RequestCheckerFunc adapts a function to a RequestChecker.
+type RequestCheckerFunc func(req *Request) error
+
+// CheckRequest returns f(req).
+func (f RequestCheckerFunc) CheckRequest(req *Request) error { return f(req) }
+
+// CheckerOf returns l's RequestChecker, or CheckRequest for a Limiter that
+// does not implement one.
+func CheckerOf(l Limiter) RequestChecker {
+	if c, ok := l.(RequestChecker); ok {
+		return c
+	}
+	return RequestCheckerFunc(CheckRequest)
+}
 
 // Result is the answer to one Request.
 type Result struct {
@@ -146,17 +205,6 @@ type Result struct {
 func (r *Result) Unrecord(req *Request) {
 	r.Recorded = false
 	r.Remaining = min(r.Remaining+req.Hits, min(req.Limit, MaxLimit))
-}
-
-// AlgorithmChecker is implemented by a Limiter that can say which
-// algorithms it serves. A distributed backend whose scripts do not have
-// every Algorithm must implement it, so that rules asking for the others are
-// rejected when they are loaded (package service checks it) rather than
-// served by another algorithm; a Limiter that does not implement it is
-// taken to serve every Algorithm.
-type AlgorithmChecker interface {
-	// SupportsAlgorithm reports whether the Limiter serves a.
-	SupportsAlgorithm(a Algorithm) bool
 }
 
 // Limiter admits batches of requests. The in-memory Store implements it; a

@@ -534,9 +534,6 @@ func TestStoreSlidingLog(t *testing.T) {
 	if _, err := s.Do(ctx, []Request{big}); !errors.Is(err, ErrLogLimit) {
 		t.Fatalf("limit above MaxLogLimit: %v", err)
 	}
-	if !s.SupportsAlgorithm(SlidingLog) || !s.SupportsAlgorithm(TimeBuckets) || !s.SupportsAlgorithm(Concurrency) || s.SupportsAlgorithm(Concurrency+1) {
-		t.Fatal("SupportsAlgorithm")
-	}
 }
 
 // FuzzLogCounterMatchesReference drives a LogCounter and the reference with

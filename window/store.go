@@ -161,9 +161,9 @@ var ErrLogLimit = fmt.Errorf("window: sliding_log limit above its maximum of %d 
 // Limit is above MaxLogLimit.
 var ErrConcurrencyLimit = fmt.Errorf("window: concurrency limit above its maximum of %d (one lease per request in flight)", MaxLogLimit)
 
-// SupportsAlgorithm reports whether a is an Algorithm the Store serves: all
-// of them (see AlgorithmChecker).
-func (s *Store) SupportsAlgorithm(a Algorithm) bool { return a <= Concurrency }
+// CheckRequest returns window.CheckRequest(req): the Store serves every
+// request that every Limiter must (see RequestChecker).
+func (s *Store) CheckRequest(req *Request) error { return CheckRequest(req) }
 
 // Do answers reqs at the Store clock's current time, with the Limiter
 // contract: results[i] answers reqs[i]; if any request with Veto is refused
@@ -190,17 +190,8 @@ func (s *Store) DoAt(ctx context.Context, now time.Duration, reqs []Request, res
 		return fmt.Errorf("window: %d results for %d requests", len(results), len(reqs))
 	}
 	for i := range reqs {
-		if !reqs[i].Spec.valid() {
-			return fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, ErrInvalidSpec)
-		}
-		if !s.SupportsAlgorithm(reqs[i].Algorithm) {
-			return fmt.Errorf("request %d (key %q): unknown %v", i, reqs[i].Key, reqs[i].Algorithm)
-		}
-		if err := CheckLimit(reqs[i].Algorithm, reqs[i].Limit); err != nil {
-			return fmt.Errorf("request %d (key %q): limit %d: %w", i, reqs[i].Key, reqs[i].Limit, err)
-		}
-		if reqs[i].ChargeAlways && !ChargeAlwaysSupported(reqs[i].Algorithm) {
-			return fmt.Errorf("request %d (key %q): %v: %w", i, reqs[i].Key, reqs[i].Algorithm, ErrChargeAlways)
+		if err := CheckRequest(&reqs[i]); err != nil {
+			return fmt.Errorf("request %d (key %q): %w", i, reqs[i].Key, err)
 		}
 	}
 	vetoed, refunds := false, false

@@ -1,32 +1,29 @@
-package server
+package window
 
 import (
 	"context"
 	"errors"
 	"slices"
 	"time"
-
-	"github.com/leapgate/leapgate/window"
 )
 
-// perSecondSplit is the limiter of REDIS_PERSECOND: the requests of windows
-// of at most one second go to perSecond, the others to main. Do keeps the
-// window.Limiter contract across the two: when a vetoing request is refused
-// by either, the hits the other recorded are taken back, so the batch
-// records nothing.
-type perSecondSplit struct {
-	main, perSecond window.Limiter
+// Split is a Limiter made of two: the requests of windows of at most
+// MaxShort go to Short, the others to Long (REDIS_PERSECOND sends windows of
+// a second or less to a Redis of their own). Do keeps the Limiter contract
+// across the two: when a vetoing request is refused by either, the hits the
+// other recorded are taken back, so the batch records nothing.
+type Split struct {
+	Short, Long Limiter
+	// MaxShort is the longest window Short serves.
+	MaxShort time.Duration
 }
 
-// perSecondWindow is the longest window served by the per-second limiter.
-const perSecondWindow = time.Second
-
-func (l perSecondSplit) route(r *window.Request) bool { return r.Spec.Length() <= perSecondWindow }
+func (l Split) route(r *Request) bool { return r.Spec.Length() <= l.MaxShort }
 
 // Do answers reqs from the two limiters, at once when the batch needs both.
 // As the Redis store does across Cluster slots, refunds are first only
 // checked, and applied once no vetoing request was refused.
-func (l perSecondSplit) Do(ctx context.Context, reqs []window.Request) ([]window.Result, error) {
+func (l Split) Do(ctx context.Context, reqs []Request) ([]Result, error) {
 	var refunds []int
 	veto := false
 	for i := range reqs {
@@ -47,7 +44,7 @@ func (l perSecondSplit) Do(ctx context.Context, reqs []window.Request) ([]window
 	if err != nil || vetoed {
 		return res, err
 	}
-	second := make([]window.Request, len(refunds))
+	second := make([]Request, len(refunds))
 	for j, i := range refunds {
 		second[j] = reqs[i]
 	}
@@ -63,8 +60,8 @@ func (l perSecondSplit) Do(ctx context.Context, reqs []window.Request) ([]window
 
 // split answers reqs from the two limiters and reports whether a vetoing
 // request was refused, in which case nothing is left recorded.
-func (l perSecondSplit) split(ctx context.Context, reqs []window.Request) ([]window.Result, bool, error) {
-	var short, long []window.Request
+func (l Split) split(ctx context.Context, reqs []Request) ([]Result, bool, error) {
+	var short, long []Request
 	var shortAt, longAt []int
 	for i := range reqs {
 		if l.route(&reqs[i]) {
@@ -75,28 +72,28 @@ func (l perSecondSplit) split(ctx context.Context, reqs []window.Request) ([]win
 	}
 	switch {
 	case len(short) == 0:
-		res, err := l.main.Do(ctx, reqs)
+		res, err := l.Long.Do(ctx, reqs)
 		return res, err == nil && vetoedIn(reqs, res), err
 	case len(long) == 0:
-		res, err := l.perSecond.Do(ctx, reqs)
+		res, err := l.Short.Do(ctx, reqs)
 		return res, err == nil && vetoedIn(reqs, res), err
 	}
-	var shortRes []window.Result
+	var shortRes []Result
 	var shortErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		shortRes, shortErr = l.perSecond.Do(ctx, short)
+		shortRes, shortErr = l.Short.Do(ctx, short)
 	}()
-	longRes, longErr := l.main.Do(ctx, long)
+	longRes, longErr := l.Long.Do(ctx, long)
 	<-done
 
 	parts := []struct {
-		lim  window.Limiter
-		reqs []window.Request
-		res  []window.Result
+		lim  Limiter
+		reqs []Request
+		res  []Result
 		err  error
-	}{{l.perSecond, short, shortRes, shortErr}, {l.main, long, longRes, longErr}}
+	}{{l.Short, short, shortRes, shortErr}, {l.Long, long, longRes, longErr}}
 	failed := shortErr != nil || longErr != nil
 	vetoed := !failed && (vetoedIn(short, shortRes) || vetoedIn(long, longRes))
 	if failed || vetoed {
@@ -107,8 +104,8 @@ func (l perSecondSplit) split(ctx context.Context, reqs []window.Request) ([]win
 				errs = append(errs, p.err)
 				continue
 			}
-			var undoReqs []window.Request
-			var undoRes []window.Result
+			var undoReqs []Request
+			var undoRes []Result
 			for i := range p.res {
 				if p.res[i].Recorded {
 					undoReqs, undoRes = append(undoReqs, p.reqs[i]), append(undoRes, p.res[i])
@@ -125,7 +122,7 @@ func (l perSecondSplit) split(ctx context.Context, reqs []window.Request) ([]win
 			return nil, false, errors.Join(errs...)
 		}
 	}
-	out := make([]window.Result, len(reqs))
+	out := make([]Result, len(reqs))
 	for i, at := range shortAt {
 		out[at] = shortRes[i]
 	}
@@ -136,7 +133,7 @@ func (l perSecondSplit) split(ctx context.Context, reqs []window.Request) ([]win
 }
 
 // vetoedIn reports whether a vetoing request of reqs was refused.
-func vetoedIn(reqs []window.Request, res []window.Result) bool {
+func vetoedIn(reqs []Request, res []Result) bool {
 	for i := range res {
 		if reqs[i].Veto && !reqs[i].Negative && !res[i].Allowed {
 			return true
@@ -146,9 +143,9 @@ func vetoedIn(reqs []window.Request, res []window.Result) bool {
 }
 
 // Undo takes back hits from the limiter that recorded them.
-func (l perSecondSplit) Undo(ctx context.Context, reqs []window.Request, results []window.Result) error {
-	var short, long []window.Request
-	var shortRes, longRes []window.Result
+func (l Split) Undo(ctx context.Context, reqs []Request, results []Result) error {
+	var short, long []Request
+	var shortRes, longRes []Result
 	for i := range reqs {
 		if l.route(&reqs[i]) {
 			short, shortRes = append(short, reqs[i]), append(shortRes, results[i])
@@ -158,20 +155,19 @@ func (l perSecondSplit) Undo(ctx context.Context, reqs []window.Request, results
 	}
 	var errs []error
 	if len(short) > 0 {
-		errs = append(errs, l.perSecond.Undo(ctx, short, shortRes))
+		errs = append(errs, l.Short.Undo(ctx, short, shortRes))
 	}
 	if len(long) > 0 {
-		errs = append(errs, l.main.Undo(ctx, long, longRes))
+		errs = append(errs, l.Long.Undo(ctx, long, longRes))
 	}
 	return errors.Join(errs...)
 }
 
-// SupportsAlgorithm reports whether both limiters serve a.
-func (l perSecondSplit) SupportsAlgorithm(a window.Algorithm) bool {
-	return supports(l.main, a) && supports(l.perSecond, a)
-}
-
-func supports(l window.Limiter, a window.Algorithm) bool {
-	c, ok := l.(window.AlgorithmChecker)
-	return !ok || c.SupportsAlgorithm(a)
+// CheckRequest returns the check of the limiter that would serve req
+// (see RequestChecker).
+func (l Split) CheckRequest(req *Request) error {
+	if l.route(req) {
+		return CheckerOf(l.Short).CheckRequest(req)
+	}
+	return CheckerOf(l.Long).CheckRequest(req)
 }
