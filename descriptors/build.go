@@ -364,8 +364,8 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 	case rl.charge == ChargeAlways:
 		if !window.ChargeAlwaysSupported(l.Algorithm) {
 			b.errorf(f.name, at(rl.lines, "charge", rl.line),
-				"charge %s applies only to algorithms %s and %s (%s cannot count beyond its limit)",
-				ChargeAlways, window.SlidingWindow, window.FixedWindow, l.Algorithm)
+				"charge %s applies only to algorithms %s (%s cannot count beyond its limit)",
+				ChargeAlways, list(chargeableAlgorithms(), "and"), l.Algorithm)
 			return l, false
 		}
 		l.ChargeAlways = true
@@ -414,6 +414,26 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 		return l, false
 	}
 	return l, true
+}
+
+// chargeableAlgorithms returns the names of the rule algorithms that serve
+// charge: always (window.AlgorithmInfo.ChargeAlways).
+func chargeableAlgorithms() []string {
+	var names []string
+	for _, a := range window.Algorithms() {
+		if info := a.Info(); info.InRules && info.ChargeAlways {
+			names = append(names, info.Name)
+		}
+	}
+	return names
+}
+
+// list renders names as an English list: "a, b and c" (conj "and").
+func list(names []string, conj string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " " + conj + " " + names[len(names)-1]
 }
 
 // location renders file:line, or file alone when the line is unknown.

@@ -288,7 +288,7 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 			if a, ok := window.ParseAlgorithm(s); ok {
 				l.algorithm, l.algorithmSet = a, true
 			} else {
-				r.errorf(val.Line, "config error, unknown algorithm '%s' (want sliding_window, token_bucket, fixed_window, sliding_log or time_buckets)", s)
+				r.errorf(val.Line, "config error, unknown algorithm '%s' (want %s)", s, list(window.RuleAlgorithmNames(), "or"))
 			}
 		}
 	})

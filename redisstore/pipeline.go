@@ -51,6 +51,9 @@ type pipeliner struct {
 // job's calls, or nil.
 type job struct {
 	script *redis.Script
+	// function, when set, is script's function in the library: an
+	// unmerged call is an FCALL of it while the library is loaded.
+	function string
 	calls  []call
 	merged bool
 	now    string
@@ -228,7 +231,11 @@ func (p *pipeliner) flush(batch []*job) {
 		}
 		for ci := range j.calls {
 			c := &j.calls[ci]
-			c.cmd = send(pipe, false, j.script, c.keys, c.args)
+			if fcall && j.function != "" {
+				c.cmd = pipe.FCall(ctx, j.function, c.keys, c.args...)
+			} else {
+				c.cmd = send(pipe, false, j.script, c.keys, c.args)
+			}
 		}
 	}
 	_, _ = pipe.Exec(ctx)

@@ -3,12 +3,13 @@ package redisstore
 import (
 	"context"
 	"crypto/sha1"
-	_ "embed"
+	"embed"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,40 +20,72 @@ import (
 	"github.com/leapgate/leapgate/window"
 )
 
-//go:embed common.lua
-var commonLua string
+// luaFiles is the scripts' code: common.lua, checkpoint.lua, one file per
+// algorithm of window.Algorithms named after it, and batch.lua.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
 
-//go:embed allow.lua
-var allowLua string
-
-//go:embed undo.lua
-var undoLua string
-
-//go:embed checkpoint.lua
-var checkpointLua string
-
-// The scripts share common.lua's helpers and checkpoint.lua's counter,
-// prepended to each with the Counter's block count and exact-log limit.
-// allow.lua also becomes a Redis function library (Redis 7), named by a
+// The scripts are one body of code (see code) with an entry point each:
+// allow, the admission of a batch, and undo (Limiter.Undo). The code also
+// becomes a Redis function library (Redis 7) registering both, named by a
 // digest of its code so that versions never collide: loaded once per node,
-// its helpers are defined once instead of on every call (about 5.5 µs of
-// Redis CPU per call; see redisstore/clientbench).
+// its helpers are defined once instead of on every call (see
+// redisstore/clientbench for what that saves).
 var (
-	allowScript  = redis.NewScript(prelude(false) + allowLua + "\nreturn main(KEYS, ARGV)\n")
-	undoScript   = redis.NewScript(prelude(false) + undoLua)
-	allowVersion = fmt.Sprintf("%x", sha1.Sum([]byte(prelude(true)+allowLua)))[:16]
-	// allowFunction is the function allowLibrary registers.
-	allowFunction = "leapgate_allow_" + allowVersion
-	allowLibrary  = "#!lua name=leapgate_" + allowVersion + "\n" + prelude(true) + allowLua +
-		"\nredis.register_function('" + allowFunction + "', main)\n"
+	allowScript = redis.NewScript(code(false) + "\nreturn allow(KEYS, ARGV)\n")
+	undoScript  = redis.NewScript(code(false) + "\nreturn undo(KEYS, ARGV)\n")
+	libVersion  = fmt.Sprintf("%x", sha1.Sum([]byte(code(true))))[:16]
+	// allowFunction and undoFunction are the functions allowLibrary
+	// registers.
+	allowFunction = "leapgate_allow_" + libVersion
+	undoFunction  = "leapgate_undo_" + libVersion
+	allowLibrary  = "#!lua name=leapgate_" + libVersion + "\n" + code(true) +
+		"\nredis.register_function('" + allowFunction + "', allow)\n" +
+		"redis.register_function('" + undoFunction + "', undo)\n"
 )
 
-// prelude is what every script starts with: the Counter's constants, then
-// common.lua and checkpoint.lua; library says whether it is for a function
-// library rather than EVAL.
-func prelude(library bool) string {
-	return fmt.Sprintf("local BLOCKS, EXACT, MAX_LIMIT, LIBRARY = %d, %d, %d, %t\n",
-		window.Blocks, window.ExactLimit, uint64(window.MaxLimit), library) + commonLua + checkpointLua
+// code is the scripts' code: the constants the Go side owns (window's
+// counter layout and the algorithm table: each algorithm's number as
+// ALG_<NAME>, CHARGEABLE and HOLDS as sets of them), then common.lua,
+// checkpoint.lua, lua/<name>.lua for every algorithm, and batch.lua;
+// library says whether it is for a function library rather than EVAL.
+func code(library bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "local BLOCKS, EXACT, MAX_LIMIT, CP_TICKS, LIBRARY = %d, %d, %d, %d, %t\n",
+		window.Blocks, window.ExactLimit, uint64(window.MaxLimit), window.TicksPerWindow, library)
+	var chargeable, holds []string
+	for _, a := range window.Algorithms() {
+		fmt.Fprintf(&b, "local %s = %d\n", luaName(a), a)
+		if a.Info().ChargeAlways {
+			chargeable = append(chargeable, "["+luaName(a)+"] = true")
+		}
+		if a.Info().Holders {
+			holds = append(holds, "["+luaName(a)+"] = true")
+		}
+	}
+	fmt.Fprintf(&b, "local CHARGEABLE = {%s}\nlocal HOLDS = {%s}\n", strings.Join(chargeable, ", "), strings.Join(holds, ", "))
+	b.WriteString(luaFile("common"))
+	b.WriteString(luaFile("checkpoint"))
+	for _, a := range window.Algorithms() {
+		b.WriteString(luaFile(a.String()))
+	}
+	b.WriteString(luaFile("batch"))
+	return b.String()
+}
+
+// luaName is the name of a's number in the scripts: ALG_ and its name in
+// capitals (ALG_SLIDING_WINDOW).
+func luaName(a window.Algorithm) string { return "ALG_" + strings.ToUpper(a.String()) }
+
+// luaFile returns lua/<name>.lua; every algorithm has one
+// (TestEveryAlgorithmHasItsScript).
+func luaFile(name string) string {
+	b, err := luaFiles.ReadFile("lua/" + name + ".lua")
+	if err != nil {
+		panic("redisstore: " + err.Error())
+	}
+	return string(b)
 }
 
 // CheckRequest returns nil if a Store serves req, and otherwise why not:
@@ -274,7 +307,7 @@ func packArgs(dst []byte, r *window.Request) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(v)))
 	}
 	dst = append(dst, boolByte(r.Veto), byte(r.Algorithm), boolByte(r.Negative)|boolByte(r.ChargeAlways)<<1)
-	if r.Algorithm == window.Concurrency {
+	if r.Algorithm.Info().Holders {
 		// One more double: the holder (window.HolderID, 48 bits: exact).
 		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(float64(window.HolderID(r.Holder))))
 	}
@@ -342,14 +375,15 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 				bucket /= timeBucket
 			}
 			var field any = bucket
-			if r.Algorithm == window.Concurrency {
+			if r.Algorithm.Info().Holders {
 				field = leaseField(r, bucket)
 			}
 			c.args = append(c.args, int(r.Algorithm), field, min(r.Hits, window.MaxLimit),
 				min(r.Limit, window.MaxLimit), int64(r.Spec.BucketLength()/time.Microsecond), r.Spec.Buckets())
 		}
 	}
-	return s.run(ctx, "undo", undoScript, calls)
+	_, err := s.timed(ctx, "undo", &job{script: undoScript, function: undoFunction, calls: calls})
+	return err
 }
 
 // call is one script invocation, or for the allow script one group of
@@ -360,14 +394,6 @@ type call struct {
 	slot uint16     // the hash slot of keys (Cluster)
 	cmd  *redis.Cmd // the reply of an unmerged call
 	vals []int64    // the reply of a merged call: 5 integers per key
-}
-
-// run sends calls of script through the pipeliner, each on its own (one
-// round trip, shared with the calls of concurrent operations), and times
-// them.
-func (s *Store) run(ctx context.Context, op string, script *redis.Script, calls []call) error {
-	_, err := s.timed(ctx, op, &job{script: script, calls: calls})
-	return err
 }
 
 // timed sends j through the pipeliner, one operation of len(j.calls)

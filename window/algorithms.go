@@ -81,6 +81,8 @@ type AlgorithmInfo struct {
 	// Bucketed reports whether it reads Spec.Buckets(); the others are
 	// given Specs of one bucket.
 	Bucketed bool
+	// Holders reports whether it reads Request.Holder.
+	Holders bool
 	// BucketIsTime reports whether Result.Bucket is a time (ns on the
 	// Limiter's clock) rather than a bucket or window number.
 	BucketIsTime bool
@@ -107,7 +109,7 @@ var algorithms = [...]AlgorithmInfo{
 		MaxLimit: MaxLogLimit, LimitErr: ErrLogLimit, newMeter: func(s Spec) meter { return NewLogCounter(s) }},
 	TimeBuckets: {Name: "time_buckets", KeySuffix: "", InRules: true, Bucketed: true,
 		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewBucketCounter(s) }},
-	Concurrency: {Name: "concurrency", KeySuffix: ":cc", BucketIsTime: true,
+	Concurrency: {Name: "concurrency", KeySuffix: ":cc", BucketIsTime: true, Holders: true,
 		MaxLimit: MaxLogLimit, LimitErr: ErrConcurrencyLimit, newMeter: func(s Spec) meter { return NewLeaseCounter(s) }},
 }
 

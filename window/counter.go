@@ -22,18 +22,19 @@ const Blocks = 106
 // an exact log to the nanosecond.
 const ExactLimit = 2 * Blocks / 8
 
-// ticksPerWindow is the most ticks one window spans. A tick is the window
+// TicksPerWindow is the most ticks one window spans (the Redis scripts are
+// given it as CP_TICKS). A tick is the window
 // divided by it, rounded up to a whole microsecond (so the Redis backend,
 // whose clock is in microseconds, uses the same grid); 16-bit ticks then
 // name every time within a little over a window of the newest one.
-const ticksPerWindow = 64_000
+const TicksPerWindow = 64_000
 
 // TickLength returns the timestamp resolution of a Counter over a window of
 // length w: w/64000 rounded up to a whole microsecond (at least 1µs). A
 // Counter rounds every hit's time up to it, so a hit may count for up to one
 // tick longer than w (never shorter).
 func TickLength(w time.Duration) time.Duration {
-	us := (int64(w) + ticksPerWindow*int64(time.Microsecond) - 1) / (ticksPerWindow * int64(time.Microsecond))
+	us := (int64(w) + TicksPerWindow*int64(time.Microsecond) - 1) / (TicksPerWindow * int64(time.Microsecond))
 	return time.Duration(max(us, 1)) * time.Microsecond
 }
 

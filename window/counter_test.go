@@ -66,8 +66,8 @@ func TestTickLength(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("TickLength(%v) = %v, want %v", tt.w, got, tt.want)
 		}
-		if tt.w >= time.Millisecond && tt.w/got > ticksPerWindow {
-			t.Errorf("TickLength(%v): %d ticks per window, more than %d", tt.w, tt.w/got, ticksPerWindow)
+		if tt.w >= time.Millisecond && tt.w/got > TicksPerWindow {
+			t.Errorf("TickLength(%v): %d ticks per window, more than %d", tt.w, tt.w/got, TicksPerWindow)
 		}
 	}
 }

@@ -1,7 +1,8 @@
 -- The default sliding window (window.Counter, a count-quantised checkpoint
--- log) as one fixed-size string per key, shared by allow.lua and undo.lua:
--- the Go side prepends this file (after common.lua and a line defining
--- BLOCKS = window.Blocks) to each of them. Every step is the one of
+-- log) as one fixed-size string per key, used by sliding_window.lua: the Go
+-- side puts this file after common.lua and the constants it injects
+-- (BLOCKS = window.Blocks, EXACT = window.ExactLimit, CP_TICKS =
+-- window.TicksPerWindow; see scripts.go). Every step is the one of
 -- window.Counter, in microseconds (Redis's TIME), so both give the same
 -- answers at the same instants; see window/counter.go for why it never
 -- undercounts and overcounts by less than one block.
@@ -18,7 +19,7 @@
 local CP = {}
 
 -- ticks per window at most, and the 16-bit tick range
-local CP_TICKS, CP_RANGE = 64000, 65536
+local CP_RANGE = 65536 -- (CP_TICKS, ticks per window at most, is window.TicksPerWindow)
 
 -- cpTick is window.TickLength in microseconds for a window of w us.
 local function cpTick(w)

@@ -1,0 +1,52 @@
+package redisstore
+
+import (
+	"io/fs"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// Every algorithm of window's table has its script, lua/<name>.lua, which
+// registers its table under its injected number and defines every method
+// batch.lua and undo call; no script is left over, and no script names an
+// algorithm by a bare number.
+func TestEveryAlgorithmHasItsScript(t *testing.T) {
+	want := []string{"batch.lua", "checkpoint.lua", "common.lua"}
+	for _, a := range window.Algorithms() {
+		name := a.String() + ".lua"
+		want = append(want, name)
+		src := luaFile(a.String())
+		if !strings.Contains(src, "ALGS["+luaName(a)+"] = ") {
+			t.Errorf("%s does not register its table as ALGS[%s]", name, luaName(a))
+		}
+		for _, method := range []string{"load", "allow", "refund", "write", "rollback", "settle", "undo"} {
+			if !strings.Contains(src, "."+method+"(") {
+				t.Errorf("%s has no %s", name, method)
+			}
+		}
+	}
+	entries, err := fs.ReadDir(luaFiles, "lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+		src := luaFile(strings.TrimSuffix(e.Name(), ".lua"))
+		for _, bare := range []string{"alg == ", "alg ~= ", "alg = 0", "alg = 1", "alg = 2", "alg = 3", "alg = 4", "alg = 5"} {
+			if strings.Contains(src, bare) {
+				t.Errorf("%s compares or sets an algorithm by number (%q): use its ALG_ name", e.Name(), bare)
+			}
+		}
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("lua/ holds %v, want %v", got, want)
+	}
+	if !strings.Contains(code(false), "local CP_TICKS") && !strings.Contains(code(false), "CP_TICKS, LIBRARY") {
+		t.Fatal("CP_TICKS is not injected")
+	}
+}
