@@ -54,9 +54,9 @@ type job struct {
 	// function, when set, is script's function in the library: an
 	// unmerged call is an FCALL of it while the library is loaded.
 	function string
-	calls  []call
-	merged bool
-	now    string
+	calls    []call
+	merged   bool
+	now      string
 	// deadline is when the job's caller stops waiting: a job still queued
 	// then is answered with context.DeadlineExceeded unsent, and a round
 	// trip carrying it ends by then (see do).
