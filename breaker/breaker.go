@@ -11,7 +11,7 @@
 //
 // Which observation is a probe's result. Every probe gets an id
 // (AllowProbeAt); the rate-limit service hands it to Envoy in the header
-// ProbeHeader of the request it admits, and an observation that carries the
+// envoyhdr.ProbeHeader of the request it admits, and an observation that carries the
 // header back (Outcome.Probes: ext_proc and the access-log service read it,
 // /report takes it in "headers") is the result of exactly that probe. An
 // observation with ids of no outstanding probe (a probe of an earlier
@@ -121,11 +121,6 @@ type probe struct {
 	at time.Duration // admission time
 	id uint64        // never 0
 }
-
-// ProbeHeader is the request header that carries the ids of the probes a
-// request is for (hexadecimal, comma separated) from the rate-limit answer
-// (request_headers_to_add) to the observations of its outcome.
-const ProbeHeader = "x-leapgate-probe"
 
 // New returns a closed breaker. onChange, if not nil, is called once for
 // every state change, while the breaker's lock is held (it must not call

@@ -38,7 +38,7 @@ type Outcome struct {
 	Error bool
 	// InFlight marks a request still open: ResponseTime is a lower bound.
 	InFlight bool
-	// Probes are the probe ids the request carried (ProbeHeader), if any.
+	// Probes are the probe ids the request carried (envoyhdr.ProbeHeader), if any.
 	Probes []uint64
 	// NotProbe marks an untagged outcome known not to be a probe's result:
 	// its feed delivers probe ids with the outcomes of probes.

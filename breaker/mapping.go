@@ -2,11 +2,11 @@ package breaker
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
 
 // Sources of observations, the values of the source label.
@@ -28,7 +28,7 @@ type Observation struct {
 	// or the resource named by a JSON report.
 	Cluster string
 	// Headers are request headers (lower-case name, value); those named in
-	// the registry's Mapping become descriptor entries, and ProbeHeader
+	// the registry's Mapping become descriptor entries, and envoyhdr.ProbeHeader
 	// names the probes the request was admitted as.
 	Headers []descriptors.Entry
 	// ResponseTime, Status, Aborted, Error and InFlight are the outcome (see
@@ -48,43 +48,11 @@ type Observation struct {
 func (o *Observation) outcome() Outcome {
 	out := Outcome{ResponseTime: o.ResponseTime, Status: o.Status, Aborted: o.Aborted, Error: o.Error, InFlight: o.InFlight}
 	for _, h := range o.Headers {
-		if h.Key == ProbeHeader && len(out.Probes) < maxProbeIDs {
-			out.Probes = append(out.Probes, ParseProbes(h.Value)...)
+		if h.Key == envoyhdr.ProbeHeader && len(out.Probes) < envoyhdr.MaxProbeIDs {
+			out.Probes = append(out.Probes, envoyhdr.ParseProbes(h.Value)...)
 		}
 	}
 	return out
-}
-
-// maxProbeIDs bounds the ids read from one ProbeHeader (a request is a
-// probe of at most one breaker per descriptor).
-const maxProbeIDs = 64
-
-// FormatProbes is the ProbeHeader value carrying ids: hexadecimal, comma
-// separated.
-func FormatProbes(ids []uint64) string {
-	b := make([]byte, 0, 17*len(ids))
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendUint(b, id, 16)
-	}
-	return string(b)
-}
-
-// ParseProbes reads the ids of a ProbeHeader value, skipping what is not
-// a non-zero hexadecimal id, at most maxProbeIDs of them.
-func ParseProbes(v string) []uint64 {
-	var ids []uint64
-	for part := range strings.SplitSeq(v, ",") {
-		if id, err := strconv.ParseUint(strings.TrimSpace(part), 16, 64); err == nil && id != 0 {
-			ids = append(ids, id)
-			if len(ids) == maxProbeIDs {
-				break
-			}
-		}
-	}
-	return ids
 }
 
 // HeaderKey maps a request header to a descriptor key.

@@ -349,7 +349,7 @@ func (r *Registry) Allow(rule *descriptors.Rule, entries []descriptors.Entry) (o
 
 // AllowProbe is Allow that also returns, for a request a half-open breaker
 // admits as its probe, the probe's id (0 otherwise): the rate-limit service
-// sends it in ProbeHeader, so that the request's reported outcome is
+// sends it in envoyhdr.ProbeHeader, so that the request's reported outcome is
 // matched to the probe exactly (see the package documentation).
 func (r *Registry) AllowProbe(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, probe uint64, retryAfter time.Duration) {
 	rb, b := r.breakerOf(rule, entries)

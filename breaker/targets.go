@@ -100,7 +100,7 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 // AllowTargets reports whether every target admits a request now and, if
 // not, the longest wait among those that refuse; probes are the ids of the
 // probes half-open breakers took for the admitted request (see
-// ProbeHeader), which its observation should carry. An open breaker refuses
+// envoyhdr.ProbeHeader), which its observation should carry. An open breaker refuses
 // before any half-open one is asked, so no probe is taken for a request
 // that is refused anyway; a half-open breaker that admits a probe while
 // another half-open one refuses keeps the slot taken until the probe times

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -18,7 +19,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
-	"github.com/leapgate/leapgate/service"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -192,7 +193,7 @@ func (x *exchange) handle(stream extprocv3.ExternalProcessor_ProcessServer, msg 
 				}
 				if len(probes) > 0 {
 					// This stream is the probe: its outcome is the probe's.
-					x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: breaker.ProbeHeader, Value: breaker.FormatProbes(probes)})
+					x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: envoyhdr.ProbeHeader, Value: envoyhdr.FormatProbes(probes)})
 				}
 			}
 		}
@@ -234,10 +235,10 @@ func (x *exchange) start(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHead
 		switch hv.GetKey() {
 		case RequestIDHeader:
 			x.obs.RequestID = headerValue(hv)
-		case breaker.ProbeHeader:
+		case envoyhdr.ProbeHeader:
 			// The probes the rate-limit answer admitted this request as
 			// (the rate-limit filter runs before ext_proc).
-			x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: breaker.ProbeHeader, Value: headerValue(hv)})
+			x.obs.Headers = append(x.obs.Headers, descriptors.Entry{Key: envoyhdr.ProbeHeader, Value: headerValue(hv)})
 		}
 	}
 	if len(x.p.headers) > 0 {
@@ -351,13 +352,12 @@ func stringAttr(s *structpb.Struct, name string) string {
 
 // circuitOpenResponse is the blocking-mode answer to a refused request.
 func circuitOpenResponse(wait time.Duration) *extprocv3.ProcessingResponse {
-	seconds := int64((wait + time.Second - 1) / time.Second)
-	seconds = max(seconds, 1)
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-			{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(strconv.FormatInt(seconds, 10))}},
-			{Header: &corev3.HeaderValue{Key: service.ReasonHeader, RawValue: []byte(service.ReasonCircuitOpen)}},
+			// header names are lower case in HTTP/2 and in Envoy
+			{Header: &corev3.HeaderValue{Key: strings.ToLower(envoyhdr.RetryAfterHeader), RawValue: []byte(strconv.FormatInt(envoyhdr.RetryAfter(wait), 10))}},
+			{Header: &corev3.HeaderValue{Key: envoyhdr.ReasonHeader, RawValue: []byte(envoyhdr.ReasonCircuitOpen)}},
 		}},
 		Body:    []byte("circuit breaker open\n"),
 		Details: CircuitOpenDetails,

@@ -11,7 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/leapgate/leapgate/breaker"
-	"github.com/leapgate/leapgate/service"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
 
 // shouldRateLimit asks the rate-limit service over gRPC, as Envoy's stage-1
@@ -42,12 +42,12 @@ func (e *breakerEnv) expectCode(resp *rlsv3.RateLimitResponse, want rlsv3.RateLi
 	}
 	reason := ""
 	for _, h := range resp.GetResponseHeadersToAdd() {
-		if h.GetKey() == service.ReasonHeader {
+		if h.GetKey() == envoyhdr.ReasonHeader {
 			reason = h.GetValue()
 		}
 	}
-	if reason != service.ReasonCircuitOpen {
-		e.t.Errorf("%s = %q, want %q", service.ReasonHeader, reason, service.ReasonCircuitOpen)
+	if reason != envoyhdr.ReasonCircuitOpen {
+		e.t.Errorf("%s = %q, want %q", envoyhdr.ReasonHeader, reason, envoyhdr.ReasonCircuitOpen)
 	}
 	if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != reset {
 		e.t.Errorf("duration_until_reset = %v, want %v", got, reset)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
@@ -370,8 +371,8 @@ func TestExtProcBlockingMode(t *testing.T) {
 		got[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
 	}
 	if ir.GetStatus().GetCode() != typev3.StatusCode_ServiceUnavailable || ir.GetDetails() != CircuitOpenDetails ||
-		got["retry-after"] != "5" || got[service.ReasonHeader] != service.ReasonCircuitOpen {
-		t.Errorf("immediate response %v (headers %v); want 503, retry-after 5 (4.2s rounded up), %s", ir, got, service.ReasonCircuitOpen)
+		got["retry-after"] != "5" || got[envoyhdr.ReasonHeader] != envoyhdr.ReasonCircuitOpen {
+		t.Errorf("immediate response %v (headers %v); want 503, retry-after 5 (4.2s rounded up), %s", ir, got, envoyhdr.ReasonCircuitOpen)
 	}
 	// Half-open after open_duration: the probe is let through on its own
 	// stream, whose response (200) then closes the breaker.

@@ -12,13 +12,14 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/leapgate/leapgate/breaker"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
 
 // probeHeader returns the probe ids a rate-limit answer gives the request
 // in request_headers_to_add, "" for none.
 func probeHeader(resp *rlsv3.RateLimitResponse) string {
 	for _, h := range resp.GetRequestHeadersToAdd() {
-		if h.GetKey() == breaker.ProbeHeader {
+		if h.GetKey() == envoyhdr.ProbeHeader {
 			return h.GetValue()
 		}
 	}
@@ -39,7 +40,7 @@ func accessLogger(t *testing.T, e *breakerEnv, cluster string) func(status uint3
 		t.Helper()
 		entry := httpEntry("", cluster, status, time.Millisecond, time.Millisecond, nil)
 		if probe != "" {
-			entry.Request.RequestHeaders[breaker.ProbeHeader] = probe
+			entry.Request.RequestHeaders[envoyhdr.ProbeHeader] = probe
 		}
 		if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
 			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
@@ -76,8 +77,8 @@ func TestProbeAttributionEndToEnd(t *testing.T) {
 		resp := e.shouldRateLimit("destination_cluster", "orders")
 		e.expectCode(resp, rlsv3.RateLimitResponse_OK, 0)
 		id := probeHeader(resp)
-		if len(breaker.ParseProbes(id)) != 1 {
-			t.Fatalf("the probe's answer adds %s: %q, want one id (headers %v)", breaker.ProbeHeader, id, resp.GetRequestHeadersToAdd())
+		if len(envoyhdr.ParseProbes(id)) != 1 {
+			t.Fatalf("the probe's answer adds %s: %q, want one id (headers %v)", envoyhdr.ProbeHeader, id, resp.GetRequestHeadersToAdd())
 		}
 		expectState(breaker.HalfOpen)
 		return id
@@ -109,7 +110,7 @@ func TestProbeAttributionEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(requestHeaders("", "orders", true, breaker.ProbeHeader, probe)); err != nil {
+	if err := stream.Send(requestHeaders("", "orders", true, envoyhdr.ProbeHeader, probe)); err != nil {
 		t.Fatal(err)
 	}
 	if err := stream.Send(responseHeaders("200", true)); err != nil {

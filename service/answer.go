@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -60,7 +61,7 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 		}
 	}
 	if over {
-		return true, ReasonRateLimited
+		return true, envoyhdr.ReasonRateLimited
 	}
 	return false, ""
 }

@@ -14,6 +14,6 @@ type Breakers interface {
 	// entries (which matched rule), admits a request now and, if not, how
 	// long until it may; for a request a half-open breaker admits as its
 	// probe, probe is the probe's id (0 otherwise), which an admitted
-	// request carries to the upstream in breaker.ProbeHeader.
+	// request carries to the upstream in envoyhdr.ProbeHeader.
 	AllowProbe(rule *descriptors.Rule, entries []descriptors.Entry) (ok bool, probe uint64, retryAfter time.Duration)
 }

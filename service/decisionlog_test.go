@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
 
 // Refused descriptors are logged at debug level, one JSON line each, with
@@ -25,7 +27,7 @@ func TestDecisionLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got["msg"] != "refused" || got["level"] != "DEBUG" || got["domain"] != "test" || got["rule"] != "test.ban" ||
-		got["descriptor"] != 0.0 || got["limit"] != 0.0 || got["reason"] != ReasonRateLimited {
+		got["descriptor"] != 0.0 || got["limit"] != 0.0 || got["reason"] != envoyhdr.ReasonRateLimited {
 		t.Errorf("decision line %v", got)
 	}
 	if strings.Contains(buf.String(), "secret-value") {

@@ -10,6 +10,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
 
 // HeaderMode selects the rate-limit response headers the service adds
@@ -38,7 +40,6 @@ const (
 	DefaultResetHeader     = "RateLimit-Reset"
 	PolicyHeader           = "RateLimit-Policy"
 	RateLimitHeader        = "RateLimit"
-	RetryAfterHeader       = "Retry-After"
 )
 
 // headerNames are the configured draft-03 header names.
@@ -70,14 +71,14 @@ func (m HeaderMode) valid() bool {
 // RefusalHeaders (Retry-After also with HeadersDraft11), since upstream adds
 // neither.
 func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused bool, reason string) {
-	explain := refused && (s.refusalHeaders || reason == ReasonCircuitOpen)
+	explain := refused && (s.refusalHeaders || reason == envoyhdr.ReasonCircuitOpen)
 	if explain {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: ReasonHeader, Value: reason})
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: envoyhdr.ReasonHeader, Value: reason})
 	}
 	if i := mostConstraining(sc.plans); i >= 0 && s.headers != HeadersOff {
 		a := &sc.plans[i].answer
 		limit := reportedLimit(a.limit)
-		reset := seconds(a.reset)
+		reset := envoyhdr.Seconds(a.reset)
 		switch s.headers {
 		case HeadersDraft03:
 			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
@@ -94,9 +95,9 @@ func (s *Service) addHeaders(sc *scratch, resp *rlsv3.RateLimitResponse, refused
 		}
 	}
 	if explain || (refused && s.headers == HeadersDraft11) {
-		retry := max(seconds(retryAfter(sc.plans)), 1)
+		retry := envoyhdr.RetryAfter(retryAfter(sc.plans))
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: RetryAfterHeader, Value: strconv.FormatInt(retry, 10)})
+			&corev3.HeaderValue{Key: envoyhdr.RetryAfterHeader, Value: strconv.FormatInt(retry, 10)})
 	}
 }
 
@@ -156,15 +157,6 @@ func retryAfter(plans []plan) time.Duration {
 	return longest
 }
 
-// seconds rounds a duration up to whole seconds, so a client that waits
-// that long is never early.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
 // policyName names a descriptor's limit in draft-11 headers: the limit's
 // name, else the rule's ID ("override" for a descriptor's own limit).
 func policyName(p *plan) string {
@@ -184,7 +176,7 @@ func windowSeconds(p *plan) int64 {
 	if p.kind == kindLimited {
 		li = &p.info.limits[p.best-p.first]
 	}
-	return max(seconds(li.spec.Length()), 1)
+	return envoyhdr.RetryAfter(li.spec.Length())
 }
 
 // sfString encodes s as a structured-field string (RFC 8941 §3.3.3):

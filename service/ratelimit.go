@@ -13,18 +13,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/window"
-)
-
-// ReasonHeader is the response header that tells why a request was refused:
-// ReasonCircuitOpen when a circuit breaker refused it, ReasonRateLimited when
-// only rate limits did. It is added only to OVER_LIMIT answers.
-const (
-	ReasonHeader      = "x-ratelimit-reason"
-	ReasonCircuitOpen = "circuit-open"
-	ReasonRateLimited = "rate-limited"
 )
 
 // UnlimitedRemaining is the limit_remaining reported for an unlimited rule.
@@ -110,7 +101,7 @@ func (sc *scratch) reset() {
 // recorded only for an admitted request (all-or-nothing): an OVER_LIMIT
 // answer consumes no quota. An admitted request that is a half-open
 // breaker's probe carries the probe ids to the upstream in
-// request_headers_to_add (breaker.ProbeHeader), so that its reported
+// request_headers_to_add (envoyhdr.ProbeHeader), so that its reported
 // outcome is matched to the probe.
 //
 // Every descriptor is answered on its own terms, so that no descriptor can
@@ -185,7 +176,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// so a half-open breaker never spends its probe on a request refused
 	// anyway; a breaker's refusal then takes back the recorded hits.
 	if (!over || s.shadow) && s.consultBreakers(sc) {
-		over, reason = true, ReasonCircuitOpen
+		over, reason = true, envoyhdr.ReasonCircuitOpen
 	}
 	if err := s.undo(ctx, sc, results, over); err != nil {
 		s.metrics.error(errTypeLimiter)
@@ -206,7 +197,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	s.addHeaders(sc, resp, refused, reason)
 	if !refused && len(sc.probes) > 0 {
 		resp.RequestHeadersToAdd = append(resp.RequestHeadersToAdd,
-			&corev3.HeaderValue{Key: breaker.ProbeHeader, Value: breaker.FormatProbes(sc.probes)})
+			&corev3.HeaderValue{Key: envoyhdr.ProbeHeader, Value: envoyhdr.FormatProbes(sc.probes)})
 	}
 	if refused && s.log.Enabled(ctx, slog.LevelDebug) {
 		s.decisions.refused(ctx, s.log, domain, sc, reason)

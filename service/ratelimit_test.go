@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -49,10 +50,10 @@ func TestShouldRateLimit(t *testing.T) {
 				{at: 0, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
 				{at: 0, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
 				{at: 50 * ms, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1050*ms)}},
-				{at: 60 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited,
+				{at: 60 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(exact3, 0, 1040*ms)}},
 				// No boundary burst: one bucket before the first hits age out it still refuses.
-				{at: 1050 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited,
+				{at: 1050 * ms, req: req("test", desc("k", "exact")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(exact3, 0, 50*ms)}},
 				// Refusals consumed nothing: the full quota is back when the hits age out.
 				{at: 1100 * ms, req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
@@ -63,9 +64,9 @@ func TestShouldRateLimit(t *testing.T) {
 			steps: []step{
 				{req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 500*ms)}},
 				{req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
-				{req: req("test", desc("bucket", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 500*ms)}},
+				{req: req("test", desc("bucket", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 500*ms)}},
 				{at: 500 * ms, req: req("test", desc("bucket", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
-				{at: 600 * ms, req: req("test", desc("bucket", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 400*ms)}},
+				{at: 600 * ms, req: req("test", desc("bucket", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 400*ms)}},
 			},
 		},
 		{
@@ -73,7 +74,7 @@ func TestShouldRateLimit(t *testing.T) {
 			steps: []step{
 				{at: 900 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, 100*ms)}},
 				{at: 900 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, 100*ms)}},
-				{at: 950 * ms, req: req("test", desc("fixed", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 50*ms)}},
+				{at: 950 * ms, req: req("test", desc("fixed", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 50*ms)}},
 				{at: 1000 * ms, req: req("test", desc("fixed", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
 			},
 		},
@@ -82,10 +83,10 @@ func TestShouldRateLimit(t *testing.T) {
 			steps: []step{
 				{req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
 				{at: 300 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
-				{at: 999 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, ms)}},
+				{at: 999 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, ms)}},
 				// The hit of 0 leaves at 1s exactly: one more passes, the next waits for the hit of 300ms.
 				{at: 1000 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
-				{at: 1000 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 300*ms)}},
+				{at: 1000 * ms, req: req("test", desc("log", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, second, ""), 0, 300*ms)}},
 				{at: 1300 * ms, req: req("test", desc("log", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
 			},
 		},
@@ -97,9 +98,9 @@ func TestShouldRateLimit(t *testing.T) {
 				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
 				// Refused by another descriptor: the refund is only a check; a
 				// full counter does not make the refund itself OVER_LIMIT.
-				{req: req("test", desc("ban", "x"), with(desc("k", "exact"), hits(3), refund())), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", desc("ban", "x"), with(desc("k", "exact"), hits(3), refund())), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 0, anyReset)}},
-				{req: req("test", desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
+				{req: req("test", desc("k", "exact")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
 				// More than was counted: floored at zero.
 				{req: req("test", with(desc("k", "exact"), hits(100), refund())), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 3, anyReset)}},
 			},
@@ -109,7 +110,7 @@ func TestShouldRateLimit(t *testing.T) {
 			steps: []step{
 				{req: req("test", desc("user", "a")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 1, 66*time.Second)}},
 				{req: req("test", desc("user", "a")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 0, 66*time.Second)}},
-				{req: req("test", desc("user", "a")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, minute, ""), 0, 66*time.Second)}},
+				{req: req("test", desc("user", "a")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(2, minute, ""), 0, 66*time.Second)}},
 				{req: req("test", desc("user", "b")), overall: codeOK, statuses: []*dstatus{wantOK(lim(2, minute, ""), 1, 66*time.Second)}},
 			},
 		},
@@ -119,7 +120,7 @@ func TestShouldRateLimit(t *testing.T) {
 				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 2, 1100*ms)}},
 				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 1, 1100*ms)}},
 				{req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(3, second, "per-second"), 0, 1100*ms)}},
-				{req: req("test", desc("multi", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(3, second, "per-second"), 0, 1100*ms)}},
+				{req: req("test", desc("multi", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(3, second, "per-second"), 0, 1100*ms)}},
 				// The refused fourth hit was not recorded by the per-minute limit either: 5-3-1 = 1 left.
 				{at: 1100 * ms, req: req("test", desc("multi", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(5, minute, "per-minute"), 1, 66*time.Second-1100*ms)}},
 			},
@@ -145,14 +146,14 @@ func TestShouldRateLimit(t *testing.T) {
 			name: "nested rule",
 			steps: []step{
 				{req: req("test", desc("nested", "a", "sub", "x")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, hour, ""), 0, 3960*time.Second)}},
-				{req: req("test", desc("nested", "a", "sub", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(1, hour, ""), 0, 3960*time.Second)}},
+				{req: req("test", desc("nested", "a", "sub", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(1, hour, ""), 0, 3960*time.Second)}},
 				{req: req("test", desc("nested", "a", "sub", "y")), overall: codeOK, statuses: []*dstatus{wantOK(lim(1, hour, ""), 0, 3960*time.Second)}},
 			},
 		},
 		{
 			name: "requests_per_unit 0 bans; retry after a full window",
 			steps: []step{
-				{req: req("test", desc("ban", "x")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
+				{req: req("test", desc("ban", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
 			},
 		},
 		{
@@ -164,7 +165,7 @@ func TestShouldRateLimit(t *testing.T) {
 		{
 			name: "overall is the OR of descriptors, statuses in request order",
 			steps: []step{
-				{req: req("test", desc("ban", "x"), desc("k", "exact"), desc("x", "y")), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", desc("ban", "x"), desc("k", "exact"), desc("x", "y")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					// k=exact's hit was taken back: remaining counts it as not recorded.
 					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 3, anyReset), wantPlain()}},
 				// The refused request recorded nothing on k=exact.
@@ -176,14 +177,14 @@ func TestShouldRateLimit(t *testing.T) {
 			name: "request-level and per-descriptor hits_addend",
 			steps: []step{
 				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
-				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 1, 1100*ms)}},
+				{req: reqHits("test", 2, desc("k", "exact")), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 1, 1100*ms)}},
 				// Per-descriptor 0: check without counting.
 				{req: reqHits("test", 5, with(desc("k", "exact"), hits(0))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
 				{req: reqHits("test", 5, with(desc("k", "exact"), hits(0))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 1, 1100*ms)}},
 				// Per-descriptor value overrides the request's.
 				{req: reqHits("test", 5, with(desc("k", "exact"), hits(1))), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 0, 1100*ms)}},
 				// A check on a full window says whether one more hit would fit.
-				{req: req("test", with(desc("k", "exact"), hits(0))), overall: codeOver, reason: ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
+				{req: req("test", with(desc("k", "exact"), hits(0))), overall: codeOver, reason: envoyhdr.ReasonRateLimited, statuses: []*dstatus{wantOver(exact3, 0, 1100*ms)}},
 			},
 		},
 		{
@@ -195,7 +196,7 @@ func TestShouldRateLimit(t *testing.T) {
 					statuses: []*dstatus{wantOK(lim(2, second, ""), 1, time.Second)}},
 				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
 					statuses: []*dstatus{wantOK(lim(2, second, ""), 0, time.Second)}},
-				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", with(desc("x", "y"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(2, second, ""), 0, time.Second)}},
 				// Another value is another counter.
 				{req: req("test", with(desc("x", "z"), override(2, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
@@ -208,7 +209,7 @@ func TestShouldRateLimit(t *testing.T) {
 				{req: req("test", with(desc("x", "m"), override(4, typev3.RateLimitUnit_SECOND, 30))), overall: codeOK,
 					statuses: []*dstatus{wantOK(limMult(4, second, "", 30), 3, 30*time.Second)}},
 				// Shadow mode of the matched rule does not apply to an override.
-				{req: req("test", with(desc("shadow", "s"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", with(desc("shadow", "s"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
 			},
 		},
@@ -257,7 +258,7 @@ func TestShouldRateLimit(t *testing.T) {
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
 					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
 				// A regular descriptor over refuses; the quota one stays OK.
-				{req: req("test", desc("ban", "x"), desc("quota", "a")), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", desc("ban", "x"), desc("quota", "a")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(lim(1, second, ""), 0, 1100*ms)}},
 			},
 		},
@@ -276,18 +277,18 @@ func TestShouldRateLimit(t *testing.T) {
 			name:   "circuit breakers refuse without consuming quota",
 			refuse: map[string]time.Duration{"test.backend_api": 5 * time.Second, "test.backend_limited": 2 * time.Second, "test.backend_shadowed": time.Second},
 			steps: []step{
-				{req: req("test", desc("backend", "api")), overall: codeOver, reason: ReasonCircuitOpen,
+				{req: req("test", desc("backend", "api")), overall: codeOver, reason: envoyhdr.ReasonCircuitOpen,
 					statuses: []*dstatus{{Code: codeOver, DurationUntilReset: durationpb.New(5 * time.Second)}}},
 				// Rate limit and breaker on one descriptor: the breaker refuses
 				// and the hits the rate limits recorded are taken back.
-				{req: req("test", desc("backend", "limited"), desc("k", "exact")), overall: codeOver, reason: ReasonCircuitOpen,
+				{req: req("test", desc("backend", "limited"), desc("k", "exact")), overall: codeOver, reason: envoyhdr.ReasonCircuitOpen,
 					statuses: []*dstatus{wantOver(lim(1, second, ""), 1, 2*time.Second), wantOK(exact3, 3, 0)}},
 				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
-				{req: req("test", desc("backend", "limited")), overall: codeOver, reason: ReasonCircuitOpen,
+				{req: req("test", desc("backend", "limited")), overall: codeOver, reason: envoyhdr.ReasonCircuitOpen,
 					statuses: []*dstatus{wantOver(lim(1, second, ""), 1, 2*time.Second)}},
 				// A request the rate limits refuse does not reach the breakers
 				// (no half-open probe is spent on it): the reason is the rate limit.
-				{req: req("test", desc("backend", "api"), desc("ban", "b")), overall: codeOver, reason: ReasonRateLimited,
+				{req: req("test", desc("backend", "api"), desc("ban", "b")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
 					statuses: []*dstatus{wantPlain(), wantOver(lim(0, second, ""), 0, time.Second)}},
 				// A shadow-mode rule's breaker does not refuse.
 				{req: req("test", desc("backend", "shadowed")), overall: codeOK, statuses: []*dstatus{wantPlain()}},
@@ -330,15 +331,15 @@ func checkReason(t testing.TB, resp *rlsv3.RateLimitResponse, want string) {
 	t.Helper()
 	var got []string
 	for _, h := range resp.GetResponseHeadersToAdd() {
-		if h.GetKey() == ReasonHeader {
+		if h.GetKey() == envoyhdr.ReasonHeader {
 			got = append(got, h.GetValue())
 		}
 	}
 	switch {
 	case want == "" && len(got) > 0:
-		t.Errorf("unexpected %s: %v", ReasonHeader, got)
+		t.Errorf("unexpected %s: %v", envoyhdr.ReasonHeader, got)
 	case want != "" && (len(got) != 1 || got[0] != want):
-		t.Errorf("%s = %v, want %q", ReasonHeader, got, want)
+		t.Errorf("%s = %v, want %q", envoyhdr.ReasonHeader, got, want)
 	}
 }
 

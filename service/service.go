@@ -96,7 +96,7 @@ type Options struct {
 	// HeadersDraft03 or HeadersDraft11 (which adds Retry-After to
 	// refusals).
 	ResponseHeaders HeaderMode
-	// RefusalHeaders (REFUSAL_HEADERS) adds ReasonHeader and Retry-After to
+	// RefusalHeaders (REFUSAL_HEADERS) adds envoyhdr.ReasonHeader and Retry-After to
 	// every refusal. A circuit breaker's refusal carries both regardless.
 	RefusalHeaders bool
 	// LimitHeader, RemainingHeader and ResetHeader name the HeadersDraft03
