@@ -14,8 +14,8 @@ import (
 
 // CheckConfig validates the rule directory dir offline, exactly as a server
 // with settings would load it: the same loader options (MERGE_DOMAIN_CONFIG)
-// and the same check (ruleTargets.CheckRules on a service and breaker
-// registry built from settings, so WINDOW_BUCKETS, RESPONSE_DYNAMIC_METADATA
+// and the same check (the CheckRules of every rule sink, built from
+// settings, so WINDOW_BUCKETS, RESPONSE_DYNAMIC_METADATA
 // and every other setting that can refuse a rule apply), with the request
 // checks of the backend BACKEND_TYPE selects (backendChecker), without
 // connecting to it. It writes every
@@ -28,7 +28,7 @@ func CheckConfig(dir string, settings config.Settings, w io.Writer) bool {
 		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), backendChecker(settings.BackendType), window.NewMonotonicClock(),
 			prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err == nil {
-			err = targets.CheckRules(set)
+			err = targets.sinks.CheckRules(set)
 		}
 	}
 	if err != nil {

@@ -6,9 +6,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,12 +16,7 @@ import (
 // serverMetrics are the metrics of the listeners themselves (the service
 // registers its per-rule metrics on the same registry).
 type serverMetrics struct {
-	grpcDuration *prometheus.HistogramVec
-	// rlsRequests and rlsDuration are envoyproxy/ratelimit's metrics of
-	// ShouldRateLimit calls, by its names (its statsd exporter mapping),
-	// labelled grpc_method="ShouldRateLimit".
-	rlsRequests   prometheus.Counter
-	rlsDuration   prometheus.Observer
+	grpcDuration  *prometheus.HistogramVec
 	panics        *prometheus.CounterVec
 	configSuccess prometheus.Counter
 	configError   prometheus.Counter
@@ -60,25 +52,11 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 			Help: "xDS responses rejected for the same reason as the response before (logged once, counted here and in ratelimit_service_config_load_error).",
 		}),
 	}
-	rlsRequests := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ratelimit_service_total_requests",
-		Help: "ShouldRateLimit calls (envoyproxy/ratelimit's name; leapgate_grpc_server_handling_seconds has every method and status).",
-	}, []string{"grpc_method"})
-	rlsDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "ratelimit_service_response_time_seconds",
-		Help:    "Time to answer a ShouldRateLimit call (envoyproxy/ratelimit's name).",
-		Buckets: prometheus.ExponentialBuckets(50e-6, 4, 9),
-	}, []string{"grpc_method"})
-	m.rlsRequests = rlsRequests.WithLabelValues("ShouldRateLimit")
-	m.rlsDuration = rlsDuration.WithLabelValues("ShouldRateLimit")
-	reg.MustRegister(rlsRequests, rlsDuration)
 	m.connLimited = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "leapgate_http_connections_limited_total",
 		Help: "Connections that waited in the accept queue because the listener held HTTP_MAX_CONNECTIONS.",
 	}, []string{"listener"})
 	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.xdsRepeatedRejections, m.connLimited)
-	// The series alerts read exist from the start, at 0.
-	m.panics.WithLabelValues(rlsv3.RateLimitService_ShouldRateLimit_FullMethodName)
 	return m
 }
 
@@ -98,12 +76,7 @@ func recoverTo(err *error, handler string, logger *slog.Logger, m *serverMetrics
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 	start := time.Now()
 	defer func() {
-		took := time.Since(start).Seconds()
-		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(took)
-		if info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
-			s.metrics.rlsRequests.Inc()
-			s.metrics.rlsDuration.Observe(took)
-		}
+		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
 	}()
 	defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
 	return handler(ctx, req)
@@ -115,8 +88,8 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 const watchGrace = 200 * time.Millisecond
 
 // streamInterceptor records the duration and recovers panics of streams,
-// and keeps the observation streams (ext_proc, access log) within
-// s.streams's bounds. It also ends health Watch streams shortly after
+// and keeps the streams of a service with a stream budget
+// (grpcservice.StreamPolicy) within its guard's bounds. It also ends health Watch streams shortly after
 // shutdown begins: they never
 // end by themselves (gRPC clients with health checking keep one open), so
 // they would otherwise hold the drain until DRAIN_TIMEOUT.
@@ -142,11 +115,10 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 		s.metrics.grpcDuration.WithLabelValues(info.FullMethod, status.Code(err).String()).Observe(time.Since(start).Seconds())
 	}()
 	defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
-	switch info.FullMethod {
-	case extprocv3.ExternalProcessor_Process_FullMethodName, accesslogv3.AccessLogService_StreamAccessLogs_FullMethodName:
+	if g, ok := s.streams[info.FullMethod]; ok {
 		// The guard runs the handler in a goroutine of its own, which
 		// recovers its own panics.
-		return s.streams.serve(ss, func(ss grpc.ServerStream) (err error) {
+		return g.serve(ss, func(ss grpc.ServerStream) (err error) {
 			defer recoverTo(&err, info.FullMethod, s.logger, s.metrics)
 			return handler(srv, ss)
 		})

@@ -37,11 +37,46 @@ type ruleSink interface {
 	SetRules(set *descriptors.Set)
 }
 
-// ruleTargets hands each rule set to the rate-limit service and the
-// circuit-breaker registry.
+// ruleSinks is every consumer of rule sets, as one ruleSink: each set is
+// checked by all of them, then handed to each in order.
+type ruleSinks []ruleSink
+
+// CheckRules reports everything in set that some sink could not serve: the
+// one check every rule set passes before it serves, and the check of
+// `ratelimit check-config`.
+func (sinks ruleSinks) CheckRules(set *descriptors.Set) error {
+	var errs []error
+	for _, s := range sinks {
+		errs = append(errs, s.CheckRules(set))
+	}
+	return errors.Join(errs...)
+}
+
+// SetRules hands set to every sink, in order.
+func (sinks ruleSinks) SetRules(set *descriptors.Set) {
+	for _, s := range sinks {
+		s.SetRules(set)
+	}
+}
+
+// breakerSink is the circuit-breaker registry as a ruleSink.
+type breakerSink struct{ *breaker.Registry }
+
+// SetRules swaps set in; rules with unchanged breakers keep their state.
+func (b breakerSink) SetRules(set *descriptors.Set) {
+	// CheckRules passed: the registry refuses nothing.
+	_ = b.Registry.SetRules(set)
+}
+
+// ruleTargets are the consumers of the rules: the rate-limit service, the
+// circuit-breaker registry it consults, and the list of every sink.
 type ruleTargets struct {
 	service  *service.Service
 	breakers *breaker.Registry
+	// sinks receive every rule set: the breakers first, so that the service
+	// never consults a breaker rule the registry does not know yet. A new
+	// consumer of rules is one more sink.
+	sinks ruleSinks
 }
 
 // newRuleTargets creates the circuit-breaker registry and the rate-limit
@@ -88,28 +123,12 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("creating the rate-limit service: %w", err)
 	}
-	return ruleTargets{service: svc, breakers: breakers}, nil
+	return ruleTargets{service: svc, breakers: breakers, sinks: ruleSinks{breakerSink{breakers}, svc}}, nil
 }
 
 // ruleOptions are the descriptors options the settings ask for.
 func ruleOptions(settings config.Settings) descriptors.Options {
 	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == "always"}
-}
-
-// CheckRules reports everything in set that the service or the breakers
-// could not serve: the one check every rule set passes before it serves,
-// and the check of `ratelimit check-config`.
-func (t ruleTargets) CheckRules(set *descriptors.Set) error {
-	return errors.Join(t.service.CheckRules(set), t.breakers.CheckRules(set))
-}
-
-// SetRules swaps set in: breakers first, so that the service never
-// consults a breaker rule the registry does not know yet. Rules with
-// unchanged breakers keep their state.
-func (t ruleTargets) SetRules(set *descriptors.Set) {
-	// CheckRules passed: the registry refuses nothing.
-	_ = t.breakers.SetRules(set)
-	t.service.SetRules(set)
 }
 
 // ruleLoader loads the rule directory into a ruleSink and keeps it current.

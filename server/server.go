@@ -17,8 +17,6 @@ import (
 	"sync"
 	"time"
 
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/trace"
@@ -30,6 +28,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/config"
+	"github.com/leapgate/leapgate/internal/grpcservice"
 	"github.com/leapgate/leapgate/observe"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
@@ -48,8 +47,9 @@ type Server struct {
 	clock    window.Clock
 	rules    *ruleLoader
 	backend  backend
-	streams  *streamGuard // bounds the observation streams
-	tracing  tracing
+	// streams are the guarded streaming methods by full method name.
+	streams map[string]guardedMethod
+	tracing tracing
 
 	grpc   *grpc.Server
 	http   *http.Server
@@ -113,7 +113,6 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	)
 	s.metrics = newServerMetrics(s.registry)
 	registerBuildInfo(s.registry, Build())
-	s.streams = newStreamGuard(settings.MaxObservationStreams, settings.ObservationStreamIdleTimeout, s.registry)
 
 	if settings.BackendReason() != "BACKEND_TYPE" {
 		logger.Warn(settings.BackendReason())
@@ -143,7 +142,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		return nil, err
 	}
 	s.service, s.breakers = targets.service, targets.breakers
-	s.rules = newRuleLoader(settings, targets, s.health, s.metrics, logger)
+	s.rules = newRuleLoader(settings, targets.sinks, s.health, s.metrics, logger)
 	if err := s.rules.loadInitial(); err != nil {
 		b.close()
 		return nil, err
@@ -174,7 +173,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 func (s *Server) buildGRPC() error {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
-		grpc.ForceServerCodecV2(newWireCodec()),
+		grpc.ForceServerCodecV2(grpcservice.Codec()),
 		grpc.MaxConcurrentStreams(uint32(s.settings.GRPCMaxConcurrentStreams)),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
@@ -194,9 +193,22 @@ func (s *Server) buildGRPC() error {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
 	}
 	s.grpc = grpc.NewServer(opts...)
-	registerRateLimitService(s.grpc, s.service)
-	extprocv3.RegisterExternalProcessorServer(s.grpc, observe.NewExtProc(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger}))
-	accesslogv3.RegisterAccessLogServiceServer(s.grpc, observe.NewAccessLog(observe.Options{Registry: s.breakers, Logger: s.logger}))
+	// The gRPC services, each as its package describes it; a new one is
+	// one more line here.
+	services := []grpcservice.Service{
+		s.service.GRPC(),
+		observe.ExtProcService(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
+		observe.AccessLogService(observe.Options{Registry: s.breakers, Logger: s.logger, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
+	}
+	budgets := []streamBudget{{
+		name: observe.StreamBudget, what: "ext_proc and access-log", max: s.settings.MaxObservationStreams,
+		setting: "MAX_OBSERVATION_STREAMS", idleSetting: "OBSERVATION_STREAM_IDLE_TIMEOUT",
+	}}
+	streams, err := registerServices(s.grpc, services, budgets, s.registry, s.metrics)
+	if err != nil {
+		return err
+	}
+	s.streams = streams
 	healthpb.RegisterHealthServer(s.grpc, s.health.grpc)
 	if s.settings.GRPCReflection {
 		reflection.Register(s.grpc)

@@ -12,38 +12,63 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/leapgate/leapgate/internal/grpcservice"
 )
 
-// streamGuard bounds the long-lived observation streams (ext_proc and the
-// access-log service) that any client can open: at most max at once over
-// all connections, and each closed once it has received nothing for idle.
+// streamGuard is one stream budget (grpcservice.StreamPolicy.Budget): it
+// bounds the long-lived streams that any client can open, at most max at
+// once over all connections and the services that share the budget, and
+// closes each once it has received nothing for its service's idle time.
 type streamGuard struct {
-	max  int64
-	idle time.Duration
+	max int64
+	// setting and idleSetting name the settings of the budget's size and
+	// idle time, in refusals.
+	setting, idleSetting string
 
 	open       atomic.Int64
 	refused    prometheus.Counter
 	idleClosed prometheus.Counter
 }
 
-func newStreamGuard(max int, idle time.Duration, reg prometheus.Registerer) *streamGuard {
+// streamBudget is a budget the server sizes from its settings.
+type streamBudget struct {
+	// name is the budget's name (grpcservice.StreamPolicy.Budget) and its
+	// metrics' infix: leapgate_<name>_streams...
+	name string
+	// what names the streams in the metrics' help.
+	what string
+	max  int
+	// setting and idleSetting name the settings of its size and idle time.
+	setting, idleSetting string
+}
+
+func newStreamGuard(b streamBudget, reg prometheus.Registerer) *streamGuard {
 	g := &streamGuard{
-		max:  int64(max),
-		idle: idle,
+		max:         int64(b.max),
+		setting:     b.setting,
+		idleSetting: b.idleSetting,
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "leapgate_observation_streams_refused_total",
-			Help: "ext_proc and access-log streams refused (RESOURCE_EXHAUSTED) because MAX_OBSERVATION_STREAMS were open.",
+			Name: "leapgate_" + b.name + "_streams_refused_total",
+			Help: b.what + " streams refused (RESOURCE_EXHAUSTED) because " + b.setting + " were open.",
 		}),
 		idleClosed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "leapgate_observation_streams_idle_closed_total",
-			Help: "ext_proc and access-log streams closed (DEADLINE_EXCEEDED) after OBSERVATION_STREAM_IDLE_TIMEOUT without a message.",
+			Name: "leapgate_" + b.name + "_streams_idle_closed_total",
+			Help: b.what + " streams closed (DEADLINE_EXCEEDED) after " + b.idleSetting + " without a message.",
 		}),
 	}
 	reg.MustRegister(g.refused, g.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "leapgate_observation_streams",
-		Help: "ext_proc and access-log streams open now.",
+		Name: "leapgate_" + b.name + "_streams",
+		Help: b.what + " streams open now.",
 	}, func() float64 { return float64(g.open.Load()) }))
 	return g
+}
+
+// guardedMethod is a streaming method under a budget, with its service's
+// idle time.
+type guardedMethod struct {
+	guard *streamGuard
+	idle  time.Duration
 }
 
 // errStreamClosed is what a guarded stream's sends return once the guard
@@ -54,28 +79,32 @@ var errStreamClosed = errors.New("stream closed by the server")
 // its own goroutine so that an idle stream can be ended while the handler
 // waits in RecvMsg: serve then returns DEADLINE_EXCEEDED, gRPC ends the
 // stream, and the pending RecvMsg fails, which makes the handler return.
-func (g *streamGuard) serve(ss grpc.ServerStream, handler func(grpc.ServerStream) error) error {
+func (m guardedMethod) serve(ss grpc.ServerStream, handler func(grpc.ServerStream) error) error {
+	g := m.guard
 	if g.open.Add(1) > g.max {
 		g.open.Add(-1)
 		g.refused.Inc()
-		return status.Errorf(codes.ResourceExhausted, "%d observation streams are open, the most this server takes (MAX_OBSERVATION_STREAMS)", g.max)
+		return status.Errorf(codes.ResourceExhausted, "%d streams of this kind are open, the most this server takes (%s)", g.max, g.setting)
 	}
 	defer g.open.Add(-1)
 	gs := &guardedStream{ServerStream: ss, received: make(chan struct{}, 1)}
 	done := make(chan error, 1)
 	go func() { done <- handler(gs) }()
-	idle := time.NewTimer(g.idle)
+	if m.idle <= 0 {
+		return <-done
+	}
+	idle := time.NewTimer(m.idle)
 	defer idle.Stop()
 	for {
 		select {
 		case err := <-done:
 			return err
 		case <-gs.received:
-			idle.Reset(g.idle)
+			idle.Reset(m.idle)
 		case <-idle.C:
 			gs.close()
 			g.idleClosed.Inc()
-			return status.Errorf(codes.DeadlineExceeded, "stream sent nothing for %v (OBSERVATION_STREAM_IDLE_TIMEOUT)", g.idle)
+			return status.Errorf(codes.DeadlineExceeded, "stream sent nothing for %v (%s)", m.idle, g.idleSetting)
 		}
 	}
 }
@@ -91,12 +120,12 @@ type guardedStream struct {
 	closed bool
 }
 
-// RecvMsg receives the next message's bytes (wireCodec leaves them
+// RecvMsg receives the next message's bytes (grpcservice.Codec leaves them
 // undecoded) and decodes them itself: bytes that are not a message are
 // then the client's fault, InvalidArgument, where gRPC's own decoding would
 // end the stream with Internal.
 func (s *guardedStream) RecvMsg(m any) error {
-	var w wireMessage
+	var w grpcservice.RawMessage
 	err := s.ServerStream.RecvMsg(&w)
 	select {
 	case s.received <- struct{}{}:
@@ -109,7 +138,7 @@ func (s *guardedStream) RecvMsg(m any) error {
 	if !ok {
 		return status.Errorf(codes.Internal, "stream message %T is not a protobuf message", m)
 	}
-	if err := proto.Unmarshal(w.b, pm); err != nil {
+	if err := proto.Unmarshal(w.Bytes, pm); err != nil {
 		return status.Errorf(codes.InvalidArgument, "malformed %s: %v", pm.ProtoReflect().Descriptor().FullName(), err)
 	}
 	return nil

@@ -60,6 +60,13 @@ type metrics struct {
 	errors         *prometheus.CounterVec
 	refused        *prometheus.CounterVec
 
+	// rlsRequests and rlsDuration are envoyproxy/ratelimit's metrics of
+	// ShouldRateLimit calls, by its names (its statsd exporter mapping),
+	// labelled grpc_method="ShouldRateLimit"; the handler of GRPC counts
+	// them.
+	rlsRequests prometheus.Counter
+	rlsDuration prometheus.Observer
+
 	maxDetailed int
 
 	mu        sync.Mutex
@@ -115,9 +122,20 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 		detailed:    make(map[string]*detailedCounters),
 		overrides:   make(map[string]*detailedCounters),
 	}
+	rlsRequests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_service_total_requests",
+		Help: "ShouldRateLimit calls (envoyproxy/ratelimit's name; leapgate_grpc_server_handling_seconds has every method and status).",
+	}, []string{"grpc_method"})
+	rlsDuration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ratelimit_service_response_time_seconds",
+		Help:    "Time to answer a ShouldRateLimit call (envoyproxy/ratelimit's name).",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 4, 9),
+	}, []string{"grpc_method"})
+	m.rlsRequests = rlsRequests.WithLabelValues("ShouldRateLimit")
+	m.rlsDuration = rlsDuration.WithLabelValues("ShouldRateLimit")
 	for _, c := range []prometheus.Collector{
 		m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen,
-		m.globalShadow, m.domainNotFound, m.errors, m.refused,
+		m.globalShadow, m.domainNotFound, m.errors, m.refused, rlsRequests, rlsDuration,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -1,75 +1,60 @@
-package server
+package service
 
 import (
 	"context"
 	"strings"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/leapgate/leapgate/internal/grpcservice"
 )
 
-// The rate-limit service is registered with its own handler, which receives
-// the request's raw bytes and decodes them itself (decodeRateLimitRequest):
-// gRPC's proto codec refuses a request with invalid UTF-8 in a string
-// field and answers Internal, and any error lets Envoy (by default,
-// failure_mode_deny: false) pass the request unlimited. Decoding here, a
-// value with invalid UTF-8 is a value like any other, and a message that is
-// not protobuf at all is answered InvalidArgument.
-
-// wireMessage is a message left undecoded by wireCodec.
-type wireMessage struct{ b []byte }
-
-// wireCodec is gRPC's proto codec, except that it hands a *wireMessage its
-// bytes undecoded. It is the server's codec for every service.
-type wireCodec struct{ proto encoding.CodecV2 }
-
-func newWireCodec() wireCodec { return wireCodec{proto: encoding.GetCodecV2("proto")} }
-
-func (c wireCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
-
-func (c wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if w, ok := v.(*wireMessage); ok {
-		w.b = data.Materialize()
-		return nil
-	}
-	return c.proto.Unmarshal(data, v)
-}
-
-func (c wireCodec) Name() string { return c.proto.Name() }
-
-// registerRateLimitService registers srv as
-// envoy.service.ratelimit.v3.RateLimitService on s, decoding requests with
-// decodeRateLimitRequest. s must use wireCodec (grpc.ForceServerCodecV2).
-func registerRateLimitService(s *grpc.Server, srv rlsv3.RateLimitServiceServer) {
+// GRPC returns the rate-limit service as the server hosts it
+// (grpcservice.Service): envoy.service.ratelimit.v3.RateLimitService with
+// its own handler, which receives the request's raw bytes
+// (grpcservice.RawMessage) and decodes them itself
+// (decodeRateLimitRequest): gRPC's proto codec refuses a request with
+// invalid UTF-8 in a string field and answers Internal, and any error lets
+// Envoy (by default, failure_mode_deny: false) pass the request unlimited.
+// Decoding here, a value with invalid UTF-8 is a value like any other, and a
+// message that is not protobuf at all is answered InvalidArgument. The
+// handler also counts and times every call under envoyproxy/ratelimit's
+// metric names. The server must use grpcservice.Codec.
+func (s *Service) GRPC() grpcservice.Service {
 	desc := grpc.ServiceDesc{
 		ServiceName: rlsv3.RateLimitService_ServiceDesc.ServiceName,
 		HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "ShouldRateLimit",
-			Handler:    shouldRateLimitHandler,
+			Handler:    s.shouldRateLimitHandler,
 		}},
 		Metadata: rlsv3.RateLimitService_ServiceDesc.Metadata,
 	}
-	s.RegisterService(&desc, srv)
+	return grpcservice.Service{Register: func(r grpc.ServiceRegistrar) { r.RegisterService(&desc, s) }}
 }
 
 // shouldRateLimitHandler is the unary handler of ShouldRateLimit: the
 // interceptors see the call before decoding, so that a request that does
 // not decode is timed and counted like any other.
-func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	in := new(wireMessage)
+func (s *Service) shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	in := new(grpcservice.RawMessage)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	handle := func(ctx context.Context, req any) (any, error) {
-		r, err := decodeRateLimitRequest(req.(*wireMessage).b)
+		start := time.Now()
+		defer func() {
+			s.metrics.rlsRequests.Inc()
+			s.metrics.rlsDuration.Observe(time.Since(start).Seconds())
+		}()
+		r, err := decodeRateLimitRequest(req.(*grpcservice.RawMessage).Bytes)
 		if err != nil {
 			return nil, err
 		}
