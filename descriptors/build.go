@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -221,6 +222,7 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 		}
 		b.ids[id] = rule
 
+		setKeySuffixes(rule)
 		n := &node{rule: rule, limited: len(rule.Limits) > 0 || rule.Unlimited || rule.Breaker != nil}
 		if n.limited {
 			b.set.rules = append(b.set.rules, rule)
@@ -272,6 +274,12 @@ func (b *builder) addConcurrency(f *rawFile, d *rawDescriptor, rule *Rule) {
 	default:
 		l := Limit{RequestsPerUnit: c.maxInFlight, Length: c.lease, Algorithm: window.Concurrency}
 		l.Unit, l.UnitMultiplier = reportingUnit(c.lease)
+		spec, err := window.NewSpec(c.lease, 1)
+		if err != nil {
+			b.errorf(f.name, at(c.lines, "lease", c.line), "concurrency_limit: lease: %v", err)
+			return
+		}
+		l.Spec = spec
 		rule.Limits = append(rule.Limits, l)
 		rule.HolderKey = c.holderKey
 		b.set.holders = b.set.holders || c.holderKey != ""
@@ -398,22 +406,54 @@ func (b *builder) limit(f *rawFile, rl *rawLimit) (Limit, bool) {
 	if !ok {
 		return l, false
 	}
-	if l.Algorithm != window.TimeBuckets {
-		return l, true // no buckets: any positive window can be laid out
+	buckets, field := 1, "window" // only time_buckets has buckets
+	if l.Algorithm.Info().Bucketed {
+		buckets = l.Buckets
+		if buckets == 0 {
+			buckets = b.opts.defaultBuckets()
+		} else {
+			field = "buckets"
+		}
 	}
-	buckets, field := l.Buckets, "buckets"
-	if buckets == 0 {
-		buckets, field = window.DefaultBuckets, "window"
-	}
-	if _, err := window.NewSpec(l.Window(), buckets); err != nil {
+	spec, err := window.NewSpec(l.Window(), buckets)
+	if err != nil {
 		reason := err.Error()
-		if !rl.bucketsSet {
-			reason += " (the default bucket count); set buckets to a divisor of the window"
+		if l.Algorithm.Info().Bucketed && !rl.bucketsSet {
+			reason += " (the default bucket count, WINDOW_BUCKETS); set buckets to a divisor of the window"
 		}
 		b.errorf(f.name, at(rl.lines, field, rl.line), "%s", reason)
 		return l, false
 	}
+	l.Spec = spec
 	return l, true
+}
+
+// setKeySuffixes sets the KeySuffix of every limit of rule: the window
+// layout and, but for the default sliding window, the algorithm, plus the
+// limit's index for a second limit with the same layout and algorithm.
+// The suffix is persisted state on Redis (TestCounterKeysAreStable).
+func setKeySuffixes(rule *Rule) {
+	for i := range rule.Limits {
+		l := &rule.Limits[i]
+		l.KeySuffix = keySuffix(l.Spec, l.Algorithm, "")
+		for _, prev := range rule.Limits[:i] {
+			if prev.Spec == l.Spec && prev.Algorithm == l.Algorithm {
+				l.KeySuffix = keySuffix(l.Spec, l.Algorithm, "#"+strconv.Itoa(i))
+				break
+			}
+		}
+	}
+}
+
+// keySuffix is a limit's KeySuffix: "\x00w", the window in ns, "/", the
+// bucket count, "/" and the algorithm's name unless it is the sliding
+// window, then extra.
+func keySuffix(spec window.Spec, alg window.Algorithm, extra string) string {
+	s := "\x00w" + strconv.FormatInt(int64(spec.Length()), 10) + "/" + strconv.Itoa(spec.Buckets())
+	if alg != window.SlidingWindow {
+		s += "/" + alg.String()
+	}
+	return s + extra
 }
 
 // chargeableAlgorithms returns the names of the rule algorithms that serve

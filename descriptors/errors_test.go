@@ -90,7 +90,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"unknown_unit.yaml", 6, "invalid rate limit unit 'fortnight'"},
 		{"unlimited_with_limits.yaml", 7, "an unlimited rate limit cannot be combined with other rate limits on one descriptor"},
 		{"window_not_divisible.yaml", 8, "window length 10s is not divisible into 3 equal buckets"},
-		{"window_not_divisible_default.yaml", 7, "window length 1.000000001s is not divisible into 20 equal buckets (the default bucket count); set buckets to a divisor of the window"},
+		{"window_not_divisible_default.yaml", 7, "window length 1.000000001s is not divisible into 20 equal buckets (the default bucket count, WINDOW_BUCKETS); set buckets to a divisor of the window"},
 		{"window_not_duration.yaml", 6, "config error, window must be a positive duration such as 30s or 5m, got '5 minutes'"},
 	}
 	seen := map[string]bool{}

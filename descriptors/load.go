@@ -1,6 +1,8 @@
 package descriptors
 
 import (
+	"github.com/leapgate/leapgate/window"
+
 	"fmt"
 	"io/fs"
 	"os"
@@ -29,6 +31,19 @@ type Options struct {
 	// only what fits. For rule sets, such as xDS ones, that cannot say
 	// charge themselves.
 	ChargeAlways bool
+	// DefaultBuckets (WINDOW_BUCKETS) is the number of buckets per window
+	// of a time_buckets limit that does not set buckets; if 0,
+	// window.DefaultBuckets. A limit whose window it does not divide is
+	// refused with its file and line.
+	DefaultBuckets int
+}
+
+// defaultBuckets returns DefaultBuckets, or window.DefaultBuckets if 0.
+func (o Options) defaultBuckets() int {
+	if o.DefaultBuckets > 0 {
+		return o.DefaultBuckets
+	}
+	return window.DefaultBuckets
 }
 
 // Parse builds a Set from rule files in memory, in the order given (a domain

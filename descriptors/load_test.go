@@ -78,7 +78,7 @@ func TestParseExtensions(t *testing.T) {
 		{RequestsPerUnit: 10000, Unit: UnitMinute, UnitMultiplier: 90, Length: 90 * time.Minute, Algorithm: window.SlidingLog},
 		{RequestsPerUnit: 2, Unit: UnitSecond, UnitMultiplier: 1, Length: 1500 * time.Millisecond, Algorithm: window.FixedWindow},
 	}
-	if !reflect.DeepEqual(user.Limits, wantLimits) {
+	if !reflect.DeepEqual(layoutless(user.Limits), wantLimits) {
 		t.Errorf("Limits:\n got %+v\nwant %+v", user.Limits, wantLimits)
 	}
 	for i, want := range []time.Duration{time.Second, 5 * time.Minute, 90 * time.Minute, 1500 * time.Millisecond} {

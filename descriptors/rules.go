@@ -36,6 +36,16 @@ type Limit struct {
 	// (window.ChargeAlwaysSupported) and refuses charge: always on the
 	// others.
 	ChargeAlways bool
+	// Spec is the limit's window layout, set by the loader: Window() in
+	// Buckets buckets (Options.DefaultBuckets when 0) for a TimeBuckets
+	// limit, in one bucket for the others.
+	Spec window.Spec
+	// KeySuffix ends the counter keys of the limit (AppendCounterKey), set
+	// by the loader: it names the layout and the algorithm, so that a
+	// counter never meets a layout it was not made with and a limit keeps
+	// its counter across reloads while they stay the same, and it differs
+	// between two limits of one rule with the same layout.
+	KeySuffix string
 }
 
 // The values of a rate_limit's charge field.

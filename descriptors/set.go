@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/leapgate/leapgate/window"
@@ -262,6 +263,40 @@ func (r *Rule) AppendKey(dst []byte, entries []Entry) []byte {
 		dst = append(dst, v...)
 	}
 	return dst
+}
+
+// AppendCounterKey appends the full counter key of the limit-th limit of
+// the rule for a request descriptor matched by it: AppendKey, then the
+// limit's KeySuffix. It is the one place counter keys are made (with
+// AppendOverrideKey), and persisted state on Redis: a change to it resets
+// every counter on deploy (TestCounterKeysAreStable pins it).
+func (r *Rule) AppendCounterKey(dst []byte, entries []Entry, limit int) []byte {
+	return append(r.AppendKey(dst, entries), r.Limits[limit].KeySuffix...)
+}
+
+// AppendOverrideKey appends the counter key of a request descriptor
+// limited by its own limit override (a RateLimitDescriptor's limit field)
+// in domain: its entries, length-prefixed so that no two distinct
+// descriptors share a key, and the window layout. It never equals a rule's
+// counter key (rule IDs do not start with 0x00).
+func AppendOverrideKey(dst []byte, domain string, entries []Entry, spec window.Spec) []byte {
+	dst = append(dst, "\x00override\x00"...)
+	dst = appendLenString(dst, domain)
+	for _, e := range entries {
+		dst = appendLenString(dst, e.Key)
+		dst = appendLenString(dst, e.Value)
+	}
+	dst = append(dst, 'w')
+	dst = strconv.AppendUint(dst, uint64(spec.Length()), 10)
+	dst = append(dst, '/')
+	return strconv.AppendUint(dst, uint64(spec.Buckets()), 10)
+}
+
+// appendLenString appends len(s) in decimal, ':' and s.
+func appendLenString(dst []byte, s string) []byte {
+	dst = strconv.AppendUint(dst, uint64(len(s)), 10)
+	dst = append(dst, ':')
+	return append(dst, s...)
 }
 
 // VariesAt reports whether the request's value at element i of the rule's

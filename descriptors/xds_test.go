@@ -38,7 +38,7 @@ func TestFromProto(t *testing.T) {
 		t.Fatal("no rule for user")
 	}
 	wantLimits := []Limit{{Name: "per_user", RequestsPerUnit: 10, Unit: UnitMinute, UnitMultiplier: 1}}
-	if !reflect.DeepEqual(user.Limits, wantLimits) || !user.ShadowMode || !user.DetailedMetric ||
+	if !reflect.DeepEqual(layoutless(user.Limits), wantLimits) || !user.ShadowMode || !user.DetailedMetric ||
 		!reflect.DeepEqual(user.Replaces, []string{"global"}) || user.File != "xds:rls-web" {
 		t.Errorf("user rule = %+v", user)
 	}

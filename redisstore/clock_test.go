@@ -22,7 +22,7 @@ type scriptArgs struct {
 }
 
 func (h *scriptArgs) record(cmd redis.Cmder) {
-	if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+	if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" || name == "fcall" {
 		h.mu.Lock()
 		h.calls = append(h.calls, cmd.Args())
 		h.mu.Unlock()

@@ -58,6 +58,27 @@ func TestAllowRunsAsFunction(t *testing.T) {
 	if got := commandCalls(t, admin, "evalsha") - evalsha; got != 0 {
 		t.Fatalf("%d EVALSHAs beside the FCALLs", got)
 	}
+	// Undo is the library's second function: an FCALL too, and it takes
+	// the hits back.
+	q := []window.Request{{Key: "f0", Spec: sp, Limit: 10, Hits: 1, Veto: true}}
+	res, err := s.Do(ctx, q)
+	if err != nil || res[0].Remaining != 8 {
+		t.Fatalf("Do: %+v, %v", res, err)
+	}
+	fcall = commandCalls(t, admin, "fcall")
+	if err := s.Undo(ctx, q, res); err != nil {
+		t.Fatal(err)
+	}
+	if got := commandCalls(t, admin, "fcall") - fcall; got != 1 {
+		t.Fatalf("%d FCALLs for one Undo", got)
+	}
+	q[0].Hits = 0
+	if res, err := s.Do(ctx, q); err != nil || res[0].Remaining != 9 {
+		t.Fatalf("after Undo: %+v, %v, want 9 remaining", res, err)
+	}
+	if got := commandCalls(t, admin, "evalsha") - evalsha; got != 0 {
+		t.Fatalf("%d EVALSHAs beside the FCALLs", got)
+	}
 
 	if err := admin.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)

@@ -128,7 +128,7 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 
 // ruleOptions are the descriptors options the settings ask for.
 func ruleOptions(settings config.Settings) descriptors.Options {
-	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == "always"}
+	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == "always", DefaultBuckets: settings.WindowBuckets}
 }
 
 // ruleLoader loads the rule directory into a ruleSink and keeps it current.

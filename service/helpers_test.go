@@ -28,8 +28,12 @@ func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()
 func (c *fakeClock) Set(t time.Duration)     { c.now.Store(int64(t)) }
 func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
+// testBuckets is the default bucket count of time_buckets limits in tests
+// (WINDOW_BUCKETS, given to the loader and to the service).
+const testBuckets = 10
+
 // testRules is the rule set most tests use. Its sliding windows are
-// time_buckets with 10 buckets (the service's DefaultBuckets in tests), so
+// time_buckets with testBuckets buckets, so
 // the answers' arithmetic is easy to follow: a 1s window has 100ms buckets,
 // and a hit in bucket b ages out at (b+11) bucket lengths. The default
 // sliding_window's answers are tested in TestDefaultSlidingWindowAnswers.
@@ -109,7 +113,7 @@ func mustParse(t testing.TB, docs ...string) *descriptors.Set {
 	for i, d := range docs {
 		files = append(files, descriptors.File{Name: "rules" + string(rune('a'+i)) + ".yaml", Data: []byte(d)})
 	}
-	set, err := descriptors.Parse(files, descriptors.Options{})
+	set, err := descriptors.Parse(files, descriptors.Options{DefaultBuckets: testBuckets})
 	if err != nil {
 		t.Fatalf("parse rules: %v", err)
 	}
@@ -149,7 +153,7 @@ func newHarness(t testing.TB, set *descriptors.Set, mod func(*Options)) *harness
 	t.Helper()
 	h := &harness{t: t, clock: &fakeClock{}, reg: prometheus.NewRegistry()}
 	h.store = window.NewStore(window.StoreOptions{Clock: h.clock})
-	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: 10}
+	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: testBuckets}
 	if mod != nil {
 		mod(&opts)
 	}

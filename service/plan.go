@@ -227,8 +227,7 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 				li := &p.info.limits[j]
 				key := li.key
 				if !p.info.constKey {
-					sc.keyBuf = p.info.rule.AppendKey(sc.keyBuf[:0], p.entries)
-					sc.keyBuf = append(sc.keyBuf, li.suffix...)
+					sc.keyBuf = p.info.rule.AppendCounterKey(sc.keyBuf[:0], p.entries, li.index)
 					key = string(sc.keyBuf)
 				}
 				sc.reqs = append(sc.reqs, window.Request{
@@ -237,49 +236,13 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 				})
 			}
 		case kindOverride:
-			sc.keyBuf = appendOverrideKey(sc.keyBuf[:0], domain, p.entries, p.override.spec)
+			sc.keyBuf = descriptors.AppendOverrideKey(sc.keyBuf[:0], domain, p.entries, p.override.spec)
 			sc.reqs = append(sc.reqs, window.Request{
 				Key: string(sc.keyBuf), Spec: p.override.spec, Limit: p.override.limit, Hits: hits, Veto: p.veto, Negative: p.refund,
 			})
 		}
 		p.n = len(sc.reqs) - p.first
 	}
-}
-
-// appendOverrideKey appends the counter key of a descriptor limited by its
-// own override: domain and entries, length-prefixed so that no two distinct
-// descriptors share a key, and the window layout.
-func appendOverrideKey(dst []byte, domain string, entries []descriptors.Entry, spec window.Spec) []byte {
-	dst = append(dst, "\x00override\x00"...)
-	dst = appendString(dst, domain)
-	for _, e := range entries {
-		dst = appendString(dst, e.Key)
-		dst = appendString(dst, e.Value)
-	}
-	dst = append(dst, 'w')
-	dst = appendUint(dst, uint64(spec.Length()))
-	dst = append(dst, '/')
-	return appendUint(dst, uint64(spec.Buckets()))
-}
-
-func appendString(dst []byte, s string) []byte {
-	dst = appendUint(dst, uint64(len(s)))
-	dst = append(dst, ':')
-	return append(dst, s...)
-}
-
-func appendUint(dst []byte, v uint64) []byte {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			break
-		}
-	}
-	return append(dst, b[i:]...)
 }
 
 func grow(s []descriptors.Entry, n int) []descriptors.Entry {

@@ -488,21 +488,21 @@ func TestSetRules(t *testing.T) {
 }
 
 func TestCheckRules(t *testing.T) {
-	// The loader validated the window with window.DefaultBuckets (20); a
-	// service laid out with 16 buckets cannot split 1100ns into them.
+	// A backend that cannot serve a rule's limit (here: none of its
+	// sliding logs) gets the rule refused, with its file and line.
 	set := mustParse(t, `
 domain: d
 descriptors:
   - key: w
-    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: time_buckets}
+    rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: sliding_log}
 `)
 	if _, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &fakeClock{}}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
 		t.Fatal("New accepted a default bucket count that does not divide one second")
 	}
-	h := newHarness(t, nil, func(o *Options) { o.DefaultBuckets = 16 })
+	h := newHarness(t, nil, func(o *Options) { o.Limiter = noLogLimiter{o.Limiter} })
 	err := h.svc.CheckRules(set)
-	if err == nil || !strings.Contains(err.Error(), "not divisible") {
-		t.Fatalf("CheckRules = %v, want a divisibility error", err)
+	if err == nil || !strings.Contains(err.Error(), "rulesa.yaml:4: rule d.w, limit 1: the rate-limit backend cannot serve it") {
+		t.Fatalf("CheckRules = %v, want the backend's refusal with file and line", err)
 	}
 	h.svc.SetRules(set)
 	// Served anyway, the rule answers OVER_LIMIT: it lifts no limit, and

@@ -39,7 +39,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,10 +82,11 @@ type Options struct {
 	// QuotaMode (QUOTA_MODE) puts every limited descriptor in quota mode,
 	// as the rule option quota_mode does for one.
 	QuotaMode bool
-	// DefaultBuckets is the number of buckets per window of a time_buckets
-	// limit that does not choose one (window.DefaultBuckets if 0). It must
-	// divide one second exactly so that every unit's window can be laid
-	// out.
+	// DefaultBuckets (WINDOW_BUCKETS) lays out the windows of the limits
+	// that requests set themselves (a descriptor's limit override), in
+	// their counter keys; window.DefaultBuckets if 0. It must divide one
+	// second exactly so that every unit's window can be laid out. (Rule
+	// limits come laid out by the loader: descriptors.Limit.Spec.)
 	DefaultBuckets int
 	// NearLimitRatio is the fraction of a limit above which admitted hits
 	// count as near_limit (DefaultNearLimitRatio if 0).
@@ -275,12 +275,11 @@ func (s *Service) Rules() *descriptors.Set {
 
 // CheckRules reports every rule of set that this service cannot serve as
 // written, as errors.Join of *descriptors.Error; nil when the whole set can
-// be served: a time_buckets window its bucket count does not divide, a
-// limit whose requests the backend refuses (Options.Checker: an algorithm
-// it does not serve, a bucket length it cannot represent), or
+// be served: a limit whose requests the backend refuses (Options.Checker:
+// an algorithm it does not serve, a bucket length it cannot represent), or
 // (with DynamicMetadata) metadata that has no protobuf Struct form. Limits
-// no algorithm can enforce (window.CheckLimit) never reach a Set: the
-// loader refuses them with their file and line.
+// no window can lay out or no algorithm can enforce (window.CheckLimit)
+// never reach a Set: the loader refuses them with their file and line.
 func (s *Service) CheckRules(set *descriptors.Set) error {
 	if set == nil {
 		return nil
@@ -336,7 +335,7 @@ type ruleInfo struct {
 	rule     *descriptors.Rule
 	names    []string // names of the rule's limits, targets of replaces
 	limits   []limitInfo
-	err      error // the rule's windows cannot be laid out
+	err      error // the backend cannot serve a limit of the rule
 	constKey bool  // the counter keys do not depend on request values
 	counters *ruleCounters
 	detailed *detailedCounters // non-nil for detailed_metric/value_to_metric
@@ -349,7 +348,7 @@ type ruleInfo struct {
 type limitInfo struct {
 	spec   window.Spec
 	limit  uint64
-	suffix string // appended to the rule's key: distinguishes the limits' counters
+	index  int    // of the limit in its rule (descriptors.Rule.AppendCounterKey)
 	key    string // the full counter key when the rule's key is constant
 	name   string
 	unit   rlsv3.RateLimitResponse_RateLimit_Unit
@@ -371,61 +370,29 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 	if r.Unlimited {
 		return info
 	}
-	var base []byte
-	if info.constKey {
-		base = r.AppendKey(nil, r.Path)
-	}
 	for i, l := range r.Limits {
 		alg := l.Algorithm
-		buckets := 1 // only time_buckets has buckets
-		if alg == window.TimeBuckets {
-			buckets = cmp.Or(l.Buckets, s.buckets)
-		}
-		spec, err := window.NewSpec(l.Window(), buckets)
-		if err != nil {
-			info.err = fmt.Errorf("rule %s, limit %d: %w", r.ID, i+1, err)
-			info.limits = nil
-			return info
-		}
 		li := limitInfo{
-			spec:   spec,
+			spec:   l.Spec,
 			limit:  uint64(l.RequestsPerUnit),
+			index:  i,
 			name:   l.Name,
 			unit:   rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
 			mult:   reportedMultiplier(l),
 			alg:    alg,
 			charge: l.ChargeAlways,
 		}
-		if err := s.checker.CheckRequest(&window.Request{Spec: spec, Limit: li.limit, Algorithm: alg, ChargeAlways: li.charge}); err != nil {
+		if err := s.checker.CheckRequest(&window.Request{Spec: l.Spec, Limit: li.limit, Algorithm: alg, ChargeAlways: li.charge}); err != nil {
 			info.err = fmt.Errorf("rule %s, limit %d: the rate-limit backend cannot serve it: %w", r.ID, i+1, err)
 			info.limits = nil
 			return info
 		}
-		li.suffix = specSuffix(spec, alg, "")
-		for _, prev := range info.limits {
-			if prev.spec == spec && prev.alg == alg {
-				// Two limits with the same window need distinct counters.
-				li.suffix = specSuffix(spec, alg, "#"+strconv.Itoa(i))
-				break
-			}
-		}
 		if info.constKey {
-			li.key = string(base) + li.suffix
+			li.key = string(r.AppendCounterKey(nil, r.Path, i))
 		}
 		info.limits = append(info.limits, li)
 	}
 	return info
-}
-
-// specSuffix makes counter keys of different window layouts and algorithms
-// differ, as window.Request requires, while the same layout keeps its
-// counter across reloads.
-func specSuffix(spec window.Spec, alg window.Algorithm, extra string) string {
-	s := "\x00w" + strconv.FormatInt(int64(spec.Length()), 10) + "/" + strconv.Itoa(spec.Buckets())
-	if alg != window.SlidingWindow {
-		s += "/" + alg.String()
-	}
-	return s + extra
 }
 
 // reportedMultiplier is the unit_multiplier to report for a limit.
