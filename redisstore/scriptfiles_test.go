@@ -50,3 +50,23 @@ func TestEveryAlgorithmHasItsScript(t *testing.T) {
 		t.Fatal("CP_TICKS is not injected")
 	}
 }
+
+// TestRedisKeysAreStable pins the Redis key of every algorithm's counter:
+// the prefix, the request key as the hash tag, the algorithm's suffix. It
+// is persisted state: a change resets every counter on deploy.
+func TestRedisKeysAreStable(t *testing.T) {
+	s := &Store{prefix: "lg_"}
+	want := map[window.Algorithm]string{
+		window.SlidingWindow: "lg_{k\x00v}:sw",
+		window.TokenBucket:   "lg_{k\x00v}:tb",
+		window.FixedWindow:   "lg_{k\x00v}:fw",
+		window.SlidingLog:    "lg_{k\x00v}:log",
+		window.TimeBuckets:   "lg_{k\x00v}",
+		window.Concurrency:   "lg_{k\x00v}:cc",
+	}
+	for _, a := range window.Algorithms() {
+		if got := s.counterKey(&window.Request{Key: "k\x00v", Algorithm: a}); got != want[a] {
+			t.Errorf("%v: key %q, want %q", a, got, want[a])
+		}
+	}
+}
