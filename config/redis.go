@@ -8,10 +8,6 @@ import (
 	"time"
 )
 
-// BackendRedis keeps every window in Redis (package redisstore), shared by
-// all replicas.
-const BackendRedis = "redis"
-
 // RedisType is a Redis deployment type (REDIS_TYPE), read in any case and
 // kept in lower case.
 type RedisType string
@@ -63,7 +59,7 @@ func (m *RedisFailureMode) UnmarshalText(text []byte) error {
 // masked by Settings.String too.
 type Redis struct {
 	// SocketType is tcp or unix (for unix, URL is the socket path).
-	SocketType string `envconfig:"REDIS_SOCKET_TYPE" default:"tcp"`
+	SocketType SocketType `envconfig:"REDIS_SOCKET_TYPE" default:"tcp"`
 	// URL is the address: host:port (single), master,host:port,...
 	// (sentinel: the master's name, then the sentinels) or host:port,...
 	// (cluster: any subset of the nodes).
@@ -110,9 +106,7 @@ func (r Redis) Validate() error {
 	bad := func(name, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
 	}
-	switch strings.ToLower(r.SocketType) {
-	case "tcp", "unix":
-	default:
+	if !r.SocketType.valid() {
 		bad("REDIS_SOCKET_TYPE", "%q is neither tcp nor unix", r.SocketType)
 	}
 	typ := r.Type
@@ -121,7 +115,7 @@ func (r Redis) Validate() error {
 	default:
 		bad("REDIS_TYPE", "%q is not single, sentinel or cluster", r.Type)
 	}
-	if typ != RedisSingle && strings.EqualFold(r.SocketType, "unix") {
+	if typ != RedisSingle && r.SocketType == SocketUnix {
 		bad("REDIS_SOCKET_TYPE", "unix sockets work only with REDIS_TYPE=single")
 	}
 	if strings.TrimSpace(r.URL) == "" {
@@ -191,7 +185,7 @@ type RedisPerSecond struct {
 	// SocketType, Type, URL, PoolSize, Auth, SentinelAuth, TLS and Timeout
 	// are the REDIS_* settings of the same names for the second Redis.
 	// URL has no default: it is required when Enabled.
-	SocketType   string        `envconfig:"REDIS_PERSECOND_SOCKET_TYPE" default:"tcp"`
+	SocketType   SocketType    `envconfig:"REDIS_PERSECOND_SOCKET_TYPE" default:"tcp"`
 	Type         RedisType     `envconfig:"REDIS_PERSECOND_TYPE" default:"single"`
 	URL          string        `envconfig:"REDIS_PERSECOND_URL"`
 	PoolSize     int           `envconfig:"REDIS_PERSECOND_POOL_SIZE" default:"10"`

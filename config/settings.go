@@ -18,12 +18,6 @@ import (
 	"github.com/kelseyhightower/envconfig"
 )
 
-// Backend types accepted by BACKEND_TYPE.
-const (
-	// BackendMemory keeps every window in this process (the default).
-	BackendMemory = "memory"
-)
-
 // Settings is the complete configuration of one server process. Load reads it
 // from the environment; the zero value is not valid, use Load or Defaults.
 //
@@ -161,7 +155,7 @@ type Settings struct {
 	// the response), on the algorithms that can count beyond their limit
 	// (sliding_window, fixed_window). For rules, such as xDS ones, that
 	// cannot say charge themselves.
-	DefaultCharge string `envconfig:"DEFAULT_CHARGE" default:"when_allowed"`
+	DefaultCharge Charge `envconfig:"DEFAULT_CHARGE" default:"when_allowed"`
 	// ExampleRules serves the embedded example rules (domain "example")
 	// instead of the rule directory, for trying the service out. Off, a
 	// rule directory that does not exist stops start-up with an error.
@@ -187,7 +181,7 @@ type Settings struct {
 	// LogLevel is the least severe level logged (see LogLevel).
 	LogLevel LogLevel `envconfig:"LOG_LEVEL" default:"info"`
 	// LogFormat is text or json.
-	LogFormat string `envconfig:"LOG_FORMAT" default:"text"`
+	LogFormat LogFormat `envconfig:"LOG_FORMAT" default:"text"`
 
 	// Limiting.
 
@@ -213,7 +207,7 @@ type Settings struct {
 	// false (none), true or draft03 (RateLimit-Limit/-Remaining/-Reset, as
 	// upstream), draft11 (RateLimit-Policy and RateLimit, with Retry-After
 	// on refusals).
-	LimitResponseHeaders string `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
+	LimitResponseHeaders HeaderMode `envconfig:"LIMIT_RESPONSE_HEADERS_ENABLED" default:"false"`
 	// RefusalHeaders adds "x-ratelimit-reason: rate-limited" and an honest
 	// Retry-After to every refusal by a rate limit (a circuit breaker's
 	// refusal always carries "x-ratelimit-reason: circuit-open" and
@@ -258,7 +252,7 @@ type Settings struct {
 	// "redis" (shared by all replicas; see Redis). Unset, it is "redis"
 	// when REDIS_URL or REDIS_SOCKET_TYPE is set (as upstream, whose
 	// default is Redis, would use it), else "memory"; see Load.
-	BackendType string `envconfig:"BACKEND_TYPE" default:"memory"`
+	BackendType BackendType `envconfig:"BACKEND_TYPE" default:"memory"`
 	// Redis configures BACKEND_TYPE=redis (REDIS_* variables, config/redis.go).
 	// It is embedded so that envconfig names its variables without a prefix.
 	Redis
@@ -288,7 +282,7 @@ func Load() (Settings, error) {
 		return Settings{}, fmt.Errorf("reading settings: %w", err)
 	}
 	if _, set := os.LookupEnv("REDIS_SOCKET_TYPE"); !set && strings.HasPrefix(s.Redis.URL, "/") {
-		s.Redis.SocketType = "unix" // upstream's default, for its socket-path URLs
+		s.Redis.SocketType = SocketUnix // upstream's default, for its socket-path URLs
 	}
 	if _, set := os.LookupEnv("BACKEND_TYPE"); !set {
 		for _, name := range redisHints {
@@ -417,7 +411,7 @@ func joinHostPort(host string, port int) string {
 // NewLogger returns a logger writing to w in the configured format and level.
 func (s Settings) NewLogger(w io.Writer) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: slog.Level(s.LogLevel)}
-	if strings.EqualFold(s.LogFormat, "json") {
+	if s.LogFormat == LogJSON {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))

@@ -36,7 +36,7 @@ func TestLoadDefaultsMatchDefaults(t *testing.T) {
 		{"HTTP", got.HTTPAddr(), "0.0.0.0:8080"},
 		{"debug (loopback by default)", got.DebugAddr(), "127.0.0.1:6070"},
 		{"config dir", got.ConfigDir(), "/srv/runtime_data/current/config"},
-		{"backend", got.BackendType, BackendMemory},
+		{"backend", string(got.BackendType), string(BackendMemory)},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
@@ -179,7 +179,10 @@ func TestStringRedactsSecrets(t *testing.T) {
 }
 
 func TestNewLoggerFormat(t *testing.T) {
-	for _, c := range []struct{ format, want string }{{"json", `"msg":"hello"`}, {"text", "msg=hello"}} {
+	for _, c := range []struct {
+		format LogFormat
+		want   string
+	}{{LogJSON, `"msg":"hello"`}, {LogText, "msg=hello"}} {
 		var b strings.Builder
 		s := Defaults()
 		s.LogFormat = c.format
@@ -291,7 +294,7 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		env      map[string]string
-		want     string
+		want     BackendType
 		inferred bool
 	}{
 		{"nothing set", nil, BackendMemory, false},
@@ -317,9 +320,9 @@ func TestBackendInferredFromRedisSettings(t *testing.T) {
 			if got := s.BackendReason() != "BACKEND_TYPE"; got != c.inferred {
 				t.Errorf("BackendReason() = %q", s.BackendReason())
 			}
-			wantSocket := "tcp"
+			wantSocket := SocketTCP
 			if strings.HasPrefix(c.env["REDIS_URL"], "/") {
-				wantSocket = "unix"
+				wantSocket = SocketUnix
 			}
 			if s.Redis.SocketType != wantSocket {
 				t.Errorf("REDIS_SOCKET_TYPE = %q, want %q", s.Redis.SocketType, wantSocket)

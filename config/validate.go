@@ -33,7 +33,7 @@ func (s Settings) Validate() error {
 			bad("PROMETHEUS_PATH", "%q does not start with /", s.PrometheusPath)
 		}
 	}
-	if s.DefaultCharge != "when_allowed" && s.DefaultCharge != "always" {
+	if !s.DefaultCharge.valid() {
 		bad("DEFAULT_CHARGE", "%q is not when_allowed or always", s.DefaultCharge)
 	}
 	if s.GRPCMaxConnectionAge <= 0 {
@@ -93,9 +93,7 @@ func (s Settings) Validate() error {
 	if s.RuntimeRoot == "" {
 		bad("RUNTIME_ROOT", "must not be empty")
 	}
-	switch strings.ToLower(strings.TrimSpace(s.LimitResponseHeaders)) {
-	case "", "false", "true", "draft03", "draft11":
-	default:
+	if !s.LimitResponseHeaders.valid() {
 		bad("LIMIT_RESPONSE_HEADERS_ENABLED", "%q is not false, true, draft03 or draft11", s.LimitResponseHeaders)
 	}
 	for _, h := range []struct{ name, value string }{
@@ -109,9 +107,7 @@ func (s Settings) Validate() error {
 			bad(h.name, "must not be empty")
 		}
 	}
-	switch strings.ToLower(s.LogFormat) {
-	case "text", "json":
-	default:
+	if !s.LogFormat.valid() {
 		bad("LOG_FORMAT", "%q is neither text nor json", s.LogFormat)
 	}
 	if !(s.NearLimitRatio > 0 && s.NearLimitRatio <= 1) {

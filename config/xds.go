@@ -7,19 +7,11 @@ import (
 	"time"
 )
 
-// Rule sources accepted by CONFIG_TYPE.
-const (
-	// SourceFile reads rules from the rule directory and reloads them on change.
-	SourceFile = "FILE"
-	// SourceXDS subscribes to rules from an xDS management server (SotW ADS).
-	SourceXDS = "GRPC_XDS_SOTW"
-)
-
 // XDS holds the settings of the xDS rule source (CONFIG_TYPE=GRPC_XDS_SOTW),
 // with envoyproxy/ratelimit's names.
 type XDS struct {
 	// ConfigType is FILE (the default) or GRPC_XDS_SOTW.
-	ConfigType string `envconfig:"CONFIG_TYPE" default:"FILE"`
+	ConfigType ConfigType `envconfig:"CONFIG_TYPE" default:"FILE"`
 	// ServerURL is the management server's address (host:port).
 	ServerURL string `envconfig:"CONFIG_GRPC_XDS_SERVER_URL" default:"localhost:18000"`
 	// NodeID is the node id this service presents to the management server.

@@ -42,7 +42,7 @@ func newBackend(s config.Settings, reg prometheus.Registerer, logger *slog.Logge
 // BACKEND_TYPE t selects, without building or reaching it (CheckConfig runs
 // offline): the checks its limiter makes (TestBackendCheckerIsTheLimiters).
 // A new backend type is one more case here too.
-func backendChecker(t string) window.RequestChecker {
+func backendChecker(t config.BackendType) window.RequestChecker {
 	if t == config.BackendRedis {
 		return window.RequestCheckerFunc(redisstore.CheckRequest)
 	}

@@ -130,7 +130,7 @@ func TestJSONEndpoint(t *testing.T) {
 }
 
 func TestUnavailableWithoutRules(t *testing.T) {
-	for _, backend := range []string{config.BackendMemory, config.BackendRedis} {
+	for _, backend := range []config.BackendType{config.BackendMemory, config.BackendRedis} {
 		for _, requireRules := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=%t", backend, requireRules), func(t *testing.T) {
 				unavailableWithoutRules(t, backend, requireRules)
@@ -144,7 +144,7 @@ func TestUnavailableWithoutRules(t *testing.T) {
 // Health is upstream's: SERVING all along by default; with
 // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED NOT_SERVING (on Redis too, once
 // the backend is seen up) until the rules load.
-func unavailableWithoutRules(t *testing.T, backend string, requireRules bool) {
+func unavailableWithoutRules(t *testing.T, backend config.BackendType, requireRules bool) {
 	var redisAddr string
 	if backend == config.BackendRedis {
 		redisAddr = redistest.Start(t).Addr()

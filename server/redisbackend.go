@@ -118,7 +118,7 @@ func redisOptions(r config.Redis) (redisstore.Options, error) {
 		return redisstore.Options{}, err
 	}
 	o := redisstore.Options{
-		Network:         strings.ToLower(r.SocketType),
+		Network:         string(r.SocketType),
 		TLS:             tlsConfig,
 		PoolSize:        r.PoolSize,
 		Timeout:         r.Timeout,

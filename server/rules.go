@@ -98,10 +98,6 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("creating the circuit-breaker registry: %w", err)
 	}
-	mode, err := service.ParseHeaderMode(settings.LimitResponseHeaders)
-	if err != nil {
-		return ruleTargets{}, fmt.Errorf("LIMIT_RESPONSE_HEADERS_ENABLED: %w", err)
-	}
 	svc, err := service.New(service.Options{
 		Limiter:         limiter,
 		Checker:         checker,
@@ -113,7 +109,7 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 		RefusalHeaders:  settings.RefusalHeaders,
 		DefaultBuckets:  settings.WindowBuckets,
 		NearLimitRatio:  settings.NearLimitRatio,
-		ResponseHeaders: mode,
+		ResponseHeaders: headerModes[settings.LimitResponseHeaders],
 		LimitHeader:     settings.LimitLimitHeader,
 		RemainingHeader: settings.LimitRemainingHeader,
 		ResetHeader:     settings.LimitResetHeader,
@@ -126,9 +122,16 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 	return ruleTargets{service: svc, breakers: breakers, sinks: ruleSinks{breakerSink{breakers}, svc}}, nil
 }
 
+// headerModes maps LIMIT_RESPONSE_HEADERS_ENABLED onto the service's modes.
+var headerModes = map[config.HeaderMode]service.HeaderMode{
+	config.HeadersOff:     service.HeadersOff,
+	config.HeadersDraft03: service.HeadersDraft03,
+	config.HeadersDraft11: service.HeadersDraft11,
+}
+
 // ruleOptions are the descriptors options the settings ask for.
 func ruleOptions(settings config.Settings) descriptors.Options {
-	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == "always", DefaultBuckets: settings.WindowBuckets}
+	return descriptors.Options{MergeDomains: settings.MergeDomainConfig, ChargeAlways: settings.DefaultCharge == config.ChargeAlways, DefaultBuckets: settings.WindowBuckets}
 }
 
 // ruleLoader loads the rule directory into a ruleSink and keeps it current.

@@ -45,21 +45,6 @@ const (
 // headerNames are the configured draft-03 header names.
 type headerNames struct{ limit, remaining, reset string }
 
-// ParseHeaderMode reads a LIMIT_RESPONSE_HEADERS_ENABLED setting: "" or
-// "false" is HeadersOff, "true" (envoyproxy/ratelimit's value) or "draft03"
-// is HeadersDraft03, "draft11" is HeadersDraft11; case is ignored.
-func ParseHeaderMode(s string) (HeaderMode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "false":
-		return HeadersOff, nil
-	case "true", string(HeadersDraft03):
-		return HeadersDraft03, nil
-	case string(HeadersDraft11):
-		return HeadersDraft11, nil
-	}
-	return HeadersOff, fmt.Errorf("rate-limit header mode %q: want false, true, draft03 or draft11", s)
-}
-
 func (m HeaderMode) valid() bool {
 	return m == HeadersOff || m == HeadersDraft03 || m == HeadersDraft11
 }

@@ -159,23 +159,6 @@ func TestResponseHeaderModeValidated(t *testing.T) {
 	}
 }
 
-func TestParseHeaderMode(t *testing.T) {
-	for in, want := range map[string]HeaderMode{
-		"": HeadersOff, "false": HeadersOff, "FALSE": HeadersOff,
-		"true": HeadersDraft03, "draft03": HeadersDraft03, " Draft03 ": HeadersDraft03,
-		"draft11": HeadersDraft11,
-	} {
-		if got, err := ParseHeaderMode(in); err != nil || got != want {
-			t.Errorf("ParseHeaderMode(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"yes", "draft04", "1"} {
-		if _, err := ParseHeaderMode(in); err == nil {
-			t.Errorf("ParseHeaderMode(%q) accepted", in)
-		}
-	}
-}
-
 func TestSFString(t *testing.T) {
 	for in, want := range map[string]string{
 		"plain":     `"plain"`,
