@@ -1,5 +1,7 @@
 # Leapgate: `make run` serves on the embedded example rules, `make test` runs
-# every test (what .ci/run calls), `make bench` runs the benchmarks.
+# every test (what .ci/run calls), `make check` is the quick loop (seconds to
+# a minute, nothing installed), `make lint` runs staticcheck, `make bench`
+# runs the benchmarks.
 
 GO ?= go
 # Benchmarks: run `make bench > old.txt`, change code, `make bench > new.txt`,
@@ -13,13 +15,28 @@ FUZZTIME ?= 5s
 # Length of `make soak` (`make test` runs the same soak for 3s per backend).
 SOAK ?= 3m
 
-.PHONY: run test bench soak check-config accuracy loadtest compare mutate
+# staticcheck's version for `make lint` (installed with go install when missing).
+STATICCHECK_VERSION ?= v0.8.2
+
+.PHONY: run test check lint bench soak check-config accuracy loadtest compare mutate
 
 run:
 	EXAMPLE_RULES=true $(GO) run ./cmd/ratelimit
 
 test:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/test.sh
+
+# The contributor's loop: formatting, vet and every package's tests, without
+# the race detector, installs, fuzzing or the nested modules (make test runs
+# those). Tests that need redis-server skip without it.
+check:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need formatting"; exit 1; }
+	$(GO) vet ./...
+	$(GO) test ./...
+
+# staticcheck over the module and the nested ones (make test runs it too).
+lint:
+	GO=$(GO) STATICCHECK_VERSION=$(STATICCHECK_VERSION) scripts/lint.sh
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCH_COUNT) -benchtime $(BENCH_TIME) $(BENCH_PKGS)

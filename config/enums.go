@@ -26,8 +26,6 @@ func (t *BackendType) UnmarshalText(text []byte) error {
 	return nil
 }
 
-func (t BackendType) valid() bool { return t == BackendMemory || t == BackendRedis }
-
 // SocketType is how Redis is reached (REDIS_SOCKET_TYPE).
 type SocketType string
 

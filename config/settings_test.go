@@ -342,7 +342,7 @@ func TestSettingsFormatsHideSecrets(t *testing.T) {
 	var logged strings.Builder
 	slog.New(slog.NewJSONHandler(&logged, nil)).Info("x", "settings", s)
 	for name, out := range map[string]string{
-		"%v": fmt.Sprintf("%v", s), "%+v": fmt.Sprintf("%+v", s), "%#v": fmt.Sprintf("%#v", s), "%s": fmt.Sprintf("%s", s), "slog": logged.String(),
+		"%v": fmt.Sprintf("%v", s), "%+v": fmt.Sprintf("%+v", s), "%#v": fmt.Sprintf("%#v", s), "%s": s.String(), "slog": logged.String(),
 	} {
 		for _, secret := range []string{"tok-123", "pw-456", "pw-789"} {
 			if strings.Contains(out, secret) {

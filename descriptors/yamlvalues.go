@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"slices"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -28,7 +29,7 @@ func (r *reader) fields(n *yaml.Node, allowed []string, fn func(name string, key
 			r.errorf(key.Line, "config error, key is not of type string: %s", describe(key))
 			continue
 		}
-		if !contains(allowed, key.Value) {
+		if !slices.Contains(allowed, key.Value) {
 			r.errorf(key.Line, "config error, unknown key '%s'", key.Value)
 			continue
 		}
@@ -39,15 +40,6 @@ func (r *reader) fields(n *yaml.Node, allowed []string, fn func(name string, key
 		seen[key.Value] = key.Line
 		fn(key.Value, key, val)
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // describe renders a node for an error message.

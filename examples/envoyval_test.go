@@ -174,7 +174,8 @@ func collectFacts(msg proto.Message) (*envoyFacts, error) {
 // isHTTP2 reports whether a cluster speaks HTTP/2 to its endpoints, as gRPC
 // needs.
 func isHTTP2(c *clusterv3.Cluster) bool {
-	if c.GetHttp2ProtocolOptions() != nil { //nolint:staticcheck // deprecated form still accepted by Envoy
+	//lint:ignore SA1019 the deprecated form, still accepted by Envoy, counts too
+	if c.GetHttp2ProtocolOptions() != nil {
 		return true
 	}
 	a, ok := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]

@@ -86,6 +86,7 @@ func (a *AccessLog) StreamAccessLogs(stream accesslogv3.AccessLogService_StreamA
 func accessLogObservation(e *accesslogdatav3.HTTPAccessLogEntry) (obs breaker.Observation, ok bool) {
 	c := e.GetCommonProperties()
 	f := c.GetResponseFlags()
+	//lint:ignore SA1019 Envoys that still set the deprecated flag send entries that must not count
 	if c.GetIntermediateLogEntry() || f.GetRateLimited() || f.GetRateLimitServiceError() || f.GetFaultInjected() ||
 		f.GetNoRouteFound() || f.GetNoClusterFound() || f.GetUnauthorizedDetails() != nil ||
 		f.GetInvalidEnvoyRequestHeaders() || f.GetDownstreamProtocolError() || f.GetOverloadManager() ||

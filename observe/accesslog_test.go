@@ -87,6 +87,7 @@ func TestAccessLogObservation(t *testing.T) {
 		t.Error("ext_proc circuit-open reply counted")
 	}
 	intermediate := httpEntry("api", "backend", 200, 1, 1, nil)
+	//lint:ignore SA1019 what an Envoy that still sets the deprecated flag sends
 	intermediate.CommonProperties.IntermediateLogEntry = true
 	if _, ok := accessLogObservation(intermediate); ok {
 		t.Error("intermediate entry counted")

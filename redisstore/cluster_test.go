@@ -233,7 +233,7 @@ func TestCluster(t *testing.T) {
 	// No veto at all: refunds go in the one pipeline.
 	mixed[0].Veto = false
 	before = rt.n.Load()
-	if res, err = a.Do(ctx, mixed); err != nil {
+	if _, err = a.Do(ctx, mixed); err != nil {
 		t.Fatal(err)
 	}
 	if n := rt.n.Load() - before; n != 1 {

@@ -33,7 +33,8 @@ var luaFiles embed.FS
 // its helpers are defined once instead of on every call (see
 // redisstore/clientbench for what that saves).
 var (
-	allowScript = redis.NewScript(code(false) + "\nreturn allow(KEYS, ARGV)\n")
+	allowEval   = code(false) + "\nreturn allow(KEYS, ARGV)\n"
+	allowScript = redis.NewScript(allowEval)
 	undoScript  = redis.NewScript(code(false) + "\nreturn undo(KEYS, ARGV)\n")
 	libVersion  = fmt.Sprintf("%x", sha1.Sum([]byte(code(true))))[:16]
 	// allowFunction and undoFunction are the functions allowLibrary
@@ -44,6 +45,15 @@ var (
 		"\nredis.register_function('" + allowFunction + "', allow)\n" +
 		"redis.register_function('" + undoFunction + "', undo)\n"
 )
+
+// Scripts returns the admission code as the Store runs it: the EVAL script,
+// the Redis 7 function library, and the name of the library's admission
+// function (FCALL it with the EVAL script's KEYS and ARGV). It is for tools
+// that measure the scripts (redisstore/clientbench); the Store loads and
+// calls them itself.
+func Scripts() (eval, library, function string) {
+	return allowEval, allowLibrary, allowFunction
+}
 
 // code is the scripts' code: the constants the Go side owns (window's
 // counter layout and the algorithm table: each algorithm's number as
@@ -289,14 +299,11 @@ func (f *frame) reset() {
 	f.calls, f.keys, f.packed, f.args = f.calls[:0], f.keys[:0], f.packed[:0], f.args[:0]
 }
 
-// packedArgBytes is the size of one counter's packed arguments: four
-// doubles and three bytes (struct.pack('<ddddBBB') in allow.lua), the last
-// a flag byte: 1 for a refund (Negative), 2 for ChargeAlways; a Concurrency
-// request has one more double, its holder.
-const packedArgBytes = 4*8 + 3
-
-// packArgs appends the allow script's arguments for r (see allow.lua). The
-// doubles are exact: every value is below 2^53.
+// packArgs appends the allow script's arguments for r (see lua/batch.lua):
+// four doubles and three bytes (struct.pack('<ddddBBB')), the last a flag
+// byte: 1 for a refund (Negative), 2 for ChargeAlways; an algorithm with
+// holders has one more double, the holder. The doubles are exact: every
+// value is below 2^53.
 func packArgs(dst []byte, r *window.Request) []byte {
 	for _, v := range []uint64{
 		uint64(r.Spec.BucketLength() / time.Microsecond),

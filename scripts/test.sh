@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the repository on a fresh machine: installs what the
-# tests need (redis-server for the Redis integration tests), then go vet,
-# the race-enabled test suite, and a short run of each fuzz target.
+# tests need (redis-server for the Redis integration tests, the tools), then
+# gofmt, go vet, the race-enabled test suite, the nested modules,
+# staticcheck, and a short run of each fuzz target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,8 +35,9 @@ MSG
 
 need_redis
 
-# Tools the deploy/ tests run, installed from the Go module proxy when
-# missing: promtool (metric conventions, alert rules) and helm (the chart).
+# Tools the deploy/ tests and the lint run, installed from the Go module
+# proxy when missing: promtool (metric conventions, alert rules), helm (the
+# chart) and staticcheck (make lint).
 # They build in the background while the suite runs; the deploy tests are
 # run again, with the tools required, once they are there. promtool is
 # built without Prometheus's service-discovery plugins (remove_all_sd),
@@ -44,6 +46,7 @@ need_redis
 TOOLS=(
 	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0 -tags=remove_all_sd"
 	"helm helm.sh/helm/v3/cmd/helm@v3.22.0"
+	"staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2"
 )
 GOBIN_DIR=$("$GO" env GOBIN)
 [ -n "$GOBIN_DIR" ] || GOBIN_DIR="$("$GO" env GOPATH | cut -d: -f1)/bin"
@@ -81,7 +84,7 @@ mapfile -t pkgs < <("$GO" list ./... | grep -v -e '/cmd/ratelimit$' -e '/soak$')
 echo "== go test -race (all but ${REALTIME_PKGS[*]})" >&2
 "$GO" test -race -count=1 -timeout 15m "${pkgs[@]}"
 
-echo "== waiting for promtool and helm" >&2
+echo "== waiting for promtool, helm and staticcheck" >&2
 if ! wait "$tools_pid"; then
 	cat "$tools_log" >&2
 	echo "test.sh: installing the tools above failed; they need the Go module proxy" >&2
@@ -115,6 +118,9 @@ echo "== redisstore/clientbench (a short run of the client comparison)" >&2
 # race run streams 100k keys; the full 1,000,000-key memory test runs here.
 echo "== go test (no race) window bounded memory, 1M keys" >&2
 "$GO" test -count=1 -run '^TestStoreBoundedMemory$' ./window
+
+echo "== make lint (staticcheck)" >&2
+GO="$GO" scripts/lint.sh
 
 # Fuzz targets, each run for FUZZTIME: every Fuzz function of the module
 # ("package FuzzName" per line, from go test -list, so a new target runs

@@ -313,7 +313,7 @@ func TestDebugEndpoints(t *testing.T) {
 
 func TestAnswerSettings(t *testing.T) {
 	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
-		s.LimitResponseHeaders, s.LimitLimitHeader = "true", "X-Limit"
+		s.LimitResponseHeaders, s.LimitLimitHeader = config.HeadersDraft03, "X-Limit" // LIMIT_RESPONSE_HEADERS_ENABLED=true
 		s.ResponseDynamicMetadata = true
 	})
 	resp, err := ts.rls(t).ShouldRateLimit(context.Background(), request("test", []string{"user", "alice"}))

@@ -88,8 +88,9 @@ func WithLimiterWrapper(wrap func(window.Limiter) window.Limiter) Option {
 // New builds a Server from settings (validated again here): it creates the
 // limiter, the circuit breakers and the service, loads the rules, and binds
 // the four listeners (port 0 picks a free port; see GRPCAddr, HTTPAddr,
-// DebugAddr, ReportAddr). Nothing is served until Run.
-func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server, error) {
+// DebugAddr, ReportAddr). Nothing is served until Run. When it fails, it
+// releases everything it had built.
+func New(settings config.Settings, logger *slog.Logger, opts ...Option) (_ *Server, err error) {
 	if err := settings.Validate(); err != nil {
 		return nil, err
 	}
@@ -97,6 +98,15 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// undo releases, in reverse order, what New built, if it fails.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	s := &Server{
 		settings: settings,
 		logger:   logger,
@@ -125,12 +135,13 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 		}
 		s.tracing = t
 	}
+	undo = append(undo, func() { s.tracing.stop(logger) })
 	b, err := newBackend(settings, s.registry, logger, s.tracing.provider)
 	if err != nil {
-		s.tracing.stop(logger)
 		return nil, err
 	}
 	s.backend = b
+	undo = append(undo, b.close)
 	limiter := b.limiter
 	if o.wrapLimiter != nil {
 		limiter = o.wrapLimiter(limiter)
@@ -138,19 +149,16 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	s.clock = window.NewMonotonicClock()
 	targets, err := newRuleTargets(settings, limiter, nil, s.clock, s.registry, logger)
 	if err != nil {
-		b.close()
 		return nil, err
 	}
 	s.service, s.breakers = targets.service, targets.breakers
 	s.rules = newRuleLoader(settings, targets.sinks, s.health, s.metrics, logger)
+	undo = append(undo, s.rules.close) // (close is safe before a watcher exists)
 	if err := s.rules.loadInitial(); err != nil {
-		b.close()
 		return nil, err
 	}
 
 	if err := s.buildGRPC(); err != nil {
-		s.rules.close()
-		b.close()
 		return nil, err
 	}
 	s.http = s.newHTTPServer(s.httpHandler(), true)
@@ -163,8 +171,6 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (*Server
 	}
 
 	if err := s.listen(); err != nil {
-		s.rules.close()
-		b.close()
 		return nil, err
 	}
 	return s, nil

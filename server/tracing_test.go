@@ -74,7 +74,7 @@ func TestTracing(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range rls.Attributes {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["ratelimit.domain"] != "test" || attrs["ratelimit.descriptors"] != "1" || attrs["ratelimit.overall_code"] != "OK" {
 		t.Errorf("ShouldRateLimit span attributes %v", attrs)

@@ -250,12 +250,9 @@ func (d *detailedCounters) get(key string) *ruleCounters {
 		}
 		return d.overflow
 	}
-	key = cloneString(key)
+	key = strings.Clone(key) // a label must not pin a request's memory
 	c := d.m.counters(d.domain, key)
 	d.keys.Store(key, c)
 	d.n++
 	return c
 }
-
-// cloneString copies s so a label does not pin a request's memory.
-func cloneString(s string) string { return string([]byte(s)) }

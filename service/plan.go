@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	rlcommonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -75,13 +76,13 @@ func (s *Service) plan(sc *scratch, st *ruleState, req *rlsv3.RateLimitRequest) 
 	for _, d := range descs {
 		n += len(d.GetEntries())
 	}
-	sc.entries = grow(sc.entries, n)
+	sc.entries = slices.Grow(sc.entries[:0], n)
 	for _, d := range descs {
 		for _, e := range d.GetEntries() {
 			sc.entries = append(sc.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 	}
-	sc.plans = growPlans(sc.plans, len(descs))
+	sc.plans = slices.Grow(sc.plans[:0], len(descs))
 	off := 0
 	domain := req.GetDomain()
 	for _, d := range descs {
@@ -243,18 +244,4 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 		}
 		p.n = len(sc.reqs) - p.first
 	}
-}
-
-func grow(s []descriptors.Entry, n int) []descriptors.Entry {
-	if cap(s) < n {
-		return make([]descriptors.Entry, 0, n)
-	}
-	return s[:0]
-}
-
-func growPlans(s []plan, n int) []plan {
-	if cap(s) < n {
-		return make([]plan, 0, n)
-	}
-	return s[:0]
 }

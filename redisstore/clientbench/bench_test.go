@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,34 +39,13 @@ const callers = 50
 // keys is how many distinct counters the calls spread over.
 const keys = 1000
 
-// source is redisstore's admission code, assembled as redisstore
-// assembles it (constants, helpers, counter, allow.lua) for EVAL or, with
-// library, for a function library.
-func source(t testing.TB, library bool) string {
-	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "local BLOCKS, EXACT, MAX_LIMIT, LIBRARY = %d, %d, %d, %t\n", window.Blocks, window.ExactLimit, uint64(window.MaxLimit), library)
-	for _, f := range []string{"common.lua", "checkpoint.lua", "allow.lua"} {
-		data, err := os.ReadFile("../" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Write(data)
-	}
-	return b.String()
-}
+// allowScript is the admission script as EVAL runs it, and allowLibrary
+// the function library Redis 7 loads, registering allowFunction: its
+// helpers are defined once, when it loads, rather than on every call. Both
+// are redisstore's own (redisstore.Scripts).
+var allowScript, allowLibrary, allowFunction = redisstore.Scripts()
 
-// allowScript is the admission script as EVAL runs it.
-func allowScript(t testing.TB) string { return source(t, false) + "\nreturn main(KEYS, ARGV)\n" }
-
-// allowLibrary is the admission code as a Redis function library (Redis
-// 7), registering the function "allow": its helpers are defined once, when
-// it loads, rather than on every call.
-func allowLibrary(t testing.TB) string {
-	return "#!lua name=leapgate_bench\n" + source(t, true) + "\nredis.register_function('allow', main)\n"
-}
-
-// packed is one sliding-window counter's packed arguments (see allow.lua):
+// packed is one sliding-window counter's packed arguments (see redisstore/lua/batch.lua):
 // 1s window, a limit far above the traffic, one hit.
 func packed() string {
 	var dst []byte
@@ -134,7 +112,7 @@ func BenchmarkClients(b *testing.B) {
 	r := redistest.Start(b)
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr()})
 	defer admin.Close()
-	script := allowScript(b)
+	script := allowScript
 	sha, err := admin.ScriptLoad(context.Background(), script).Result()
 	if err != nil {
 		b.Fatal(err)
@@ -160,14 +138,14 @@ func BenchmarkClients(b *testing.B) {
 			return c.EvalSha(ctx, sha, []string{"{" + key + "}:sw"}, "", 1, "0", args).Err()
 		})
 	})
-	if err := admin.Do(context.Background(), "FUNCTION", "LOAD", "REPLACE", allowLibrary(b)).Err(); err != nil {
+	if err := admin.Do(context.Background(), "FUNCTION", "LOAD", "REPLACE", allowLibrary).Err(); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("go-redis/fcall-per-call", func(b *testing.B) {
 		c := redis.NewClient(&redis.Options{Addr: r.Addr(), PoolSize: callers})
 		defer c.Close()
 		measure(b, admin, func(ctx context.Context, key string) error {
-			return c.FCall(ctx, "allow", []string{"{" + key + "}:sw"}, "", 1, "0", args).Err()
+			return c.FCall(ctx, allowFunction, []string{"{" + key + "}:sw"}, "", 1, "0", args).Err()
 		})
 	})
 	b.Run("rueidis/auto-pipelining-fcall", func(b *testing.B) {
@@ -177,7 +155,7 @@ func BenchmarkClients(b *testing.B) {
 		}
 		defer c.Close()
 		measure(b, admin, func(ctx context.Context, key string) error {
-			return c.Do(ctx, c.B().Fcall().Function("allow").Numkeys(1).Key("{"+key+"}:sw").Arg("", "1", "0", args).Build()).Error()
+			return c.Do(ctx, c.B().Fcall().Function(allowFunction).Numkeys(1).Key("{"+key+"}:sw").Arg("", "1", "0", args).Build()).Error()
 		})
 	})
 	b.Run("rueidis/auto-pipelining", func(b *testing.B) {
