@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,14 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leapgate/leapgate/descriptors"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
-
-// fakeClock is a window.Clock the test moves by hand.
-type fakeClock struct{ now atomic.Int64 }
-
-func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
-func (c *fakeClock) Set(d time.Duration)     { c.now.Store(int64(d)) }
-func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
 const rulesYAML = `
 domain: breaker
@@ -70,9 +64,9 @@ func parseSet(t testing.TB, yaml string) *descriptors.Set {
 	return set
 }
 
-func newTestRegistry(t testing.TB, yaml string, opts Options) (*Registry, *fakeClock, *descriptors.Set) {
+func newTestRegistry(t testing.TB, yaml string, opts Options) (*Registry, *testclock.Clock, *descriptors.Set) {
 	t.Helper()
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	clock.Set(time.Hour)
 	opts.Clock = clock
 	r, err := NewRegistry(opts)

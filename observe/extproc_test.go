@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +26,8 @@ import (
 	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 // breakerRules are the circuit-breaker rules of the ingestion tests.
@@ -94,12 +95,6 @@ const (
 // The breaker registry is the service's Breakers.
 var _ service.Breakers = (*breaker.Registry)(nil)
 
-// stepClock is a window.Clock moved by hand.
-type stepClock struct{ now atomic.Int64 }
-
-func (c *stepClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
-func (c *stepClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
-
 // armedTimer is one timer the ext_proc handler asked for.
 type armedTimer struct {
 	d  time.Duration
@@ -110,7 +105,7 @@ type armedTimer struct {
 // real gRPC on a loopback port.
 type breakerEnv struct {
 	t      testing.TB
-	clock  *stepClock
+	clock  *testclock.Clock
 	reg    *breaker.Registry
 	prom   *prometheus.Registry
 	set    *descriptors.Set
@@ -134,7 +129,7 @@ func newBreakerEnv(t *testing.T) *breakerEnv {
 // monotonic clock and real timers (benchmarks).
 func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 	t.Helper()
-	e := &breakerEnv{t: t, clock: &stepClock{}, prom: prometheus.NewRegistry(), timers: make(chan armedTimer, 64)}
+	e := &breakerEnv{t: t, clock: &testclock.Clock{}, prom: prometheus.NewRegistry(), timers: make(chan armedTimer, 64)}
 	e.clock.Advance(time.Hour)
 	var clock window.Clock = e.clock
 	if realTime {

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,13 +17,15 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 // fuzzRegistry returns a registry with the ingestion tests' rules and a
 // clock that moves 40ms at every reading, so timers and windows turn over.
 func fuzzRegistry(f *testing.F) *breaker.Registry {
 	f.Helper()
-	clock := &tickingClock{}
+	clock := &testclock.Clock{Tick: 40 * time.Millisecond}
 	reg, err := breaker.NewRegistry(breaker.Options{
 		Clock:              clock,
 		Mapping:            breaker.Mapping{Headers: []breaker.HeaderKey{{Header: "x-user-id", Key: "user"}}},
@@ -41,12 +42,6 @@ func fuzzRegistry(f *testing.F) *breaker.Registry {
 		f.Fatal(err)
 	}
 	return reg
-}
-
-type tickingClock struct{ now atomic.Int64 }
-
-func (c *tickingClock) Now() time.Duration {
-	return time.Duration(c.now.Add(int64(40 * time.Millisecond)))
 }
 
 // splitMessages cuts fuzz bytes into length-prefixed chunks (one length

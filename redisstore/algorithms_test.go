@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/internal/testclock"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -39,7 +40,7 @@ const (
 // recorded hits.
 func TestMatchesInMemoryStore(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sw, tb, fw, lg, cc, bk := window.SlidingWindow, window.TokenBucket, window.FixedWindow, window.SlidingLog, window.Concurrency, window.TimeBuckets
@@ -106,7 +107,7 @@ func TestMatchesInMemoryStore(t *testing.T) {
 			var recorded, refused, vetoed, refunds int
 			for step := range 300 {
 				now += time.Duration(rng.Int64N(int64(tc.step/time.Microsecond)+1)) * time.Microsecond
-				ft.set(now)
+				ft.Set(now)
 				batch := make([]window.Request, 1+rng.IntN(4))
 				for i := range batch {
 					k := rng.IntN(len(tc.keys))
@@ -236,8 +237,8 @@ func TestMixedBatchOneRoundTrip(t *testing.T) {
 // refund; without the veto the others count.
 func TestVetoAcrossAlgorithms(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
-	ft.set(base)
+	ft := &testclock.Clock{}
+	ft.Set(base)
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()
@@ -343,7 +344,7 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 // still at the newest time it has written.
 func TestClockStepsBack(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, 10*time.Second, 10)
 	ctx := context.Background()
@@ -359,11 +360,11 @@ func TestClockStepsBack(t *testing.T) {
 			}
 			// 4 hits at 29.5 s (the last second of fixed window 2), then the
 			// clock goes back 5 s (to window 2's middle, and 5 buckets back).
-			ft.set(base + 29500*time.Millisecond)
+			ft.Set(base + 29500*time.Millisecond)
 			if r := do(4); !r.Recorded {
 				t.Fatalf("filling: %+v", r)
 			}
-			ft.set(base + 24500*time.Millisecond)
+			ft.Set(base + 24500*time.Millisecond)
 			r := do(1)
 			if r.Allowed {
 				t.Fatalf("a hit passed after the clock stepped back: %+v", r)
@@ -379,8 +380,8 @@ func TestClockStepsBack(t *testing.T) {
 // for a key its over-limit cache had refused.
 func TestRefundClearsLocalCache(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
-	ft.set(base)
+	ft := &testclock.Clock{}
+	ft.Set(base)
 	st := settingsFor(r.Addr())
 	st.LocalCacheBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: ft}), ft)
@@ -412,9 +413,9 @@ func TestRefundClearsLocalCache(t *testing.T) {
 // exponent form), so that the hits are found again.
 func TestMicrosecondBuckets(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	at := base + 123456*time.Microsecond
-	ft.set(at)
+	ft.Set(at)
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, time.Second, 1_000_000)
@@ -438,7 +439,7 @@ func TestMicrosecondBuckets(t *testing.T) {
 // it was admitted (the window is (now-W, now]).
 func TestSlidingLogEdge(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, 10*time.Second, 1)
@@ -452,7 +453,7 @@ func TestSlidingLogEdge(t *testing.T) {
 		{10*time.Second - time.Microsecond, false, time.Microsecond},
 		{10 * time.Second, true, 10 * time.Second},
 	} {
-		ft.set(base + st.at)
+		ft.Set(base + st.at)
 		res, err := s.Do(ctx, q)
 		if err != nil {
 			t.Fatal(err)
@@ -468,7 +469,7 @@ func TestSlidingLogEdge(t *testing.T) {
 // whatever the limit; the test logs Redis's MEMORY USAGE for the key.
 func TestSlidingWindowValueSize(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr()})
@@ -478,7 +479,7 @@ func TestSlidingWindowValueSize(t *testing.T) {
 		key := fmt.Sprint("size_", limit)
 		// One hit every 10 µs for up to a second: every block closes.
 		for i := range 20_000 {
-			ft.set(base + time.Duration(i)*10*time.Microsecond)
+			ft.Set(base + time.Duration(i)*10*time.Microsecond)
 			if _, err := s.Do(ctx, []window.Request{{Key: key, Spec: sp, Limit: limit, Hits: max(limit/20_000, 1)}}); err != nil {
 				t.Fatal(err)
 			}

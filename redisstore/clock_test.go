@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/internal/testclock"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -97,7 +98,7 @@ func TestScriptsReadRedisClock(t *testing.T) {
 // included, equals the in-memory store's at the same instants.
 func TestClockStepsBackKeepsLaterHits(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	for _, a := range []window.Algorithm{window.SlidingWindow, window.TimeBuckets, window.SlidingLog, window.TokenBucket, window.FixedWindow} {
@@ -114,7 +115,7 @@ func TestClockStepsBackKeepsLaterHits(t *testing.T) {
 			req := window.Request{Key: "step_" + a.String(), Spec: sp, Limit: 4, Veto: true, Algorithm: a}
 			both := func(at time.Duration, hits uint64) window.Result {
 				t.Helper()
-				ft.set(base + at)
+				ft.Set(base + at)
 				q := req
 				q.Hits = hits
 				got, err := s.Do(ctx, []window.Request{q})

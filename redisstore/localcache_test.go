@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/internal/testclock"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -17,10 +18,10 @@ import (
 // asked again.
 func TestLocalCache(t *testing.T) {
 	r := redistest.Start(t)
-	redisTime := &fakeTime{}
-	redisTime.set(base)
-	localClock := &fakeTime{}
-	localClock.set(time.Hour) // deliberately unrelated to Redis's time
+	redisTime := &testclock.Clock{}
+	redisTime.Set(base)
+	localClock := &testclock.Clock{}
+	localClock.Set(time.Hour) // deliberately unrelated to Redis's time
 	st := settingsFor(r.Addr())
 	st.LocalCacheBytes = 1 << 16
 	s := withFakeTime(newTestStore(t, st, Options{Clock: localClock, HealthInterval: time.Hour}), redisTime)
@@ -44,7 +45,7 @@ func TestLocalCache(t *testing.T) {
 
 	before := rt.n.Load()
 	for i := range 5 {
-		localClock.add(150 * time.Millisecond)
+		localClock.Advance(150 * time.Millisecond)
 		res := do("hot", 2, 1, true)
 		if res.Allowed {
 			t.Fatalf("cached refusal %d allowed", i)
@@ -88,8 +89,8 @@ func TestLocalCache(t *testing.T) {
 	}
 
 	// Once Reset has passed on the local clock, Redis decides again.
-	localClock.add(time.Second)
-	redisTime.add(1100 * time.Millisecond)
+	localClock.Advance(time.Second)
+	redisTime.Advance(1100 * time.Millisecond)
 	before = rt.n.Load()
 	if res := do("hot", 2, 1, true); !res.Allowed {
 		t.Fatalf("after Reset: %+v", res)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/internal/testclock"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -25,15 +26,12 @@ func mustSpec(t testing.TB, length time.Duration, buckets int) window.Spec {
 	return sp
 }
 
-// fakeTime is an injectable Redis time for the script, in microseconds.
-type fakeTime struct{ us atomic.Int64 }
-
-func (f *fakeTime) now() int64                  { return f.us.Load() }
-func (f *fakeTime) set(d time.Duration)         { f.us.Store(int64(d / time.Microsecond)) }
-func (f *fakeTime) add(d time.Duration)         { f.us.Add(int64(d / time.Microsecond)) }
-func (f *fakeTime) dur() time.Duration          { return time.Duration(f.us.Load()) * time.Microsecond }
-func (f *fakeTime) Now() time.Duration          { return f.dur() } // a window.Clock too
-func withFakeTime(s *Store, f *fakeTime) *Store { s.nowMicros = f.now; return s }
+// withFakeTime makes clock, in whole microseconds, the Redis time of s's
+// scripts instead of Redis's TIME.
+func withFakeTime(s *Store, clock *testclock.Clock) *Store {
+	s.nowMicros = func() int64 { return int64(clock.Now() / time.Microsecond) }
+	return s
+}
 
 // base is a fake "now" far from zero, like Unix time.
 const base = 1_800_000_000 * time.Second
@@ -42,7 +40,7 @@ const base = 1_800_000_000 * time.Second
 // buckets of 100 ms).
 func TestAnswers(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	ctx := context.Background()
 	sp := mustSpec(t, time.Second, 10)
@@ -93,7 +91,7 @@ func TestAnswers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			key := strings.ReplaceAll(t.Name(), " ", "_")
 			for i, st := range tc.steps {
-				ft.set(base + st.at)
+				ft.Set(base + st.at)
 				got, err := s.Do(ctx, []window.Request{{Key: key, Spec: sp, Limit: st.limit, Hits: st.hits, Veto: true, Algorithm: window.TimeBuckets}})
 				if err != nil {
 					t.Fatal(err)
@@ -112,13 +110,13 @@ func TestAnswers(t *testing.T) {
 // at the start of the next must not both pass.
 func TestNoBoundaryBurst(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
+	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Second, 10)
 	ctx := context.Background()
 	admitted := 0
 	for _, at := range []time.Duration{990 * time.Millisecond, 1010 * time.Millisecond} {
-		ft.set(base + at)
+		ft.Set(base + at)
 		for range 10 {
 			res, err := s.Do(ctx, []window.Request{{Key: "burst", Spec: sp, Limit: 10, Hits: 1, Veto: true}})
 			if err != nil {
@@ -138,8 +136,8 @@ func TestNoBoundaryBurst(t *testing.T) {
 // whole batch; refused non-Veto requests do not stop the others.
 func TestVetoAllOrNothing(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
-	ft.set(base)
+	ft := &testclock.Clock{}
+	ft.Set(base)
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
 	sp := mustSpec(t, time.Minute, 6)
 	ctx := context.Background()
@@ -216,8 +214,8 @@ func TestVetoAllOrNothing(t *testing.T) {
 // plus a bucket, and stale buckets are pruned.
 func TestTTLOnEveryKey(t *testing.T) {
 	r := redistest.Start(t)
-	ft := &fakeTime{}
-	ft.set(base)
+	ft := &testclock.Clock{}
+	ft.Set(base)
 	st := settingsFor(r.Addr())
 	st.KeyPrefix = "lg_"
 	s := withFakeTime(newTestStore(t, st, Options{}), ft)
@@ -225,7 +223,7 @@ func TestTTLOnEveryKey(t *testing.T) {
 	specs := []window.Spec{mustSpec(t, time.Second, 10), mustSpec(t, time.Minute, 20), mustSpec(t, time.Hour, 4)}
 	for i := range 30 {
 		sp := specs[i%len(specs)]
-		ft.add(7 * time.Millisecond)
+		ft.Advance(7 * time.Millisecond)
 		if _, err := s.Do(ctx, []window.Request{
 			{Key: fmt.Sprint("k", i%10), Spec: sp, Limit: 100, Hits: 1, Veto: true},
 			{Key: fmt.Sprint("check", i), Spec: sp, Limit: 100, Hits: 0, Veto: true},
@@ -257,9 +255,9 @@ func TestTTLOnEveryKey(t *testing.T) {
 
 	// Buckets that left the window are pruned on the next call.
 	sp := specs[0]
-	ft.set(base + time.Hour)
+	ft.Set(base + time.Hour)
 	for i := range 12 {
-		ft.add(100 * time.Millisecond)
+		ft.Advance(100 * time.Millisecond)
 		if _, err := s.Do(ctx, []window.Request{{Key: "prune", Spec: sp, Limit: 100, Hits: 1}}); err != nil {
 			t.Fatal(err)
 		}

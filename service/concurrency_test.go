@@ -13,6 +13,8 @@ import (
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/window"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 const concurrencyRules = `
@@ -112,7 +114,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 		f.Add(b)
 	}
 	svc, err := New(Options{
-		Limiter:         window.NewStore(window.StoreOptions{Clock: &fakeClock{}}),
+		Limiter:         window.NewStore(window.StoreOptions{Clock: &testclock.Clock{}}),
 		Registry:        prometheus.NewRegistry(),
 		Breakers:        refuseAll{},
 		ResponseHeaders: HeadersDraft11,

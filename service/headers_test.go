@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/window"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 func headerList(resp *rlsv3.RateLimitResponse) []string {
@@ -153,7 +155,7 @@ func TestResponseHeaders(t *testing.T) {
 }
 
 func TestResponseHeaderModeValidated(t *testing.T) {
-	_, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &fakeClock{}}), Registry: prometheus.NewRegistry(), ResponseHeaders: "draft04"})
+	_, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &testclock.Clock{}}), Registry: prometheus.NewRegistry(), ResponseHeaders: "draft04"})
 	if err == nil {
 		t.Fatal("New accepted an unknown header mode")
 	}

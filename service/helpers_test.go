@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,14 +18,9 @@ import (
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/window"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
-
-// fakeClock is a window.Clock the test moves by hand.
-type fakeClock struct{ now atomic.Int64 }
-
-func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
-func (c *fakeClock) Set(t time.Duration)     { c.now.Store(int64(t)) }
-func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
 // testBuckets is the default bucket count of time_buckets limits in tests
 // (WINDOW_BUCKETS, given to the loader and to the service).
@@ -143,7 +137,7 @@ func (b *fakeBreakers) AllowProbe(rule *descriptors.Rule, entries []descriptors.
 
 type harness struct {
 	t     testing.TB
-	clock *fakeClock
+	clock *testclock.Clock
 	store *window.Store
 	reg   *prometheus.Registry
 	svc   *Service
@@ -151,7 +145,7 @@ type harness struct {
 
 func newHarness(t testing.TB, set *descriptors.Set, mod func(*Options)) *harness {
 	t.Helper()
-	h := &harness{t: t, clock: &fakeClock{}, reg: prometheus.NewRegistry()}
+	h := &harness{t: t, clock: &testclock.Clock{}, reg: prometheus.NewRegistry()}
 	h.store = window.NewStore(window.StoreOptions{Clock: h.clock})
 	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: testBuckets}
 	if mod != nil {

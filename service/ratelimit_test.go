@@ -24,6 +24,8 @@ import (
 
 	"github.com/leapgate/leapgate/internal/envoyhdr"
 	"github.com/leapgate/leapgate/window"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 // step is one call at a fake instant and its expected answer.
@@ -496,7 +498,7 @@ descriptors:
   - key: w
     rate_limit: {window: 1100ns, requests_per_unit: 1, algorithm: sliding_log}
 `)
-	if _, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &fakeClock{}}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
+	if _, err := New(Options{Limiter: window.NewStore(window.StoreOptions{Clock: &testclock.Clock{}}), Registry: prometheus.NewRegistry(), DefaultBuckets: 7}); err == nil {
 		t.Fatal("New accepted a default bucket count that does not divide one second")
 	}
 	h := newHarness(t, nil, func(o *Options) { o.Limiter = noLogLimiter{o.Limiter} })

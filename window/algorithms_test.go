@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 func TestGCRABurstAndRate(t *testing.T) {
@@ -170,7 +172,7 @@ func TestAlgorithmsAtomicAdmission(t *testing.T) {
 func TestStoreAlgorithmsAndRefunds(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
 	ctx := context.Background()
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock})
 	do := func(reqs ...Request) []Result {
 		t.Helper()

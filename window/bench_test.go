@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 // BenchmarkCounterAllowAt is a check-and-add of the default Counter on one
@@ -79,7 +81,7 @@ func BenchmarkStoreDo(b *testing.B) {
 	for i := range keys {
 		keys[i] = "domain_key_value_" + strconv.Itoa(i)
 	}
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	res := make([]Result, 1)
 	for _, k := range keys {
 		s.DoAt(context.Background(), 0, []Request{{Key: k, Spec: spec, Limit: 1 << 30, Hits: 1}}, res)
@@ -148,7 +150,7 @@ func bytesPerKeyAt(tb testing.TB, k int, alg Algorithm, limit uint64, n int) flo
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	res := make([]Result, 1)
 	for _, key := range keys {
 		s.DoAt(context.Background(), 0, []Request{{Key: key, Spec: spec, Limit: limit, Hits: 1, Algorithm: alg}}, res)
@@ -217,7 +219,7 @@ func shortfallRate(tb testing.TB, alg Algorithm, k int) (shortfallPct, usedPct f
 // overhead (hash, shard read lock, map lookup) without cache misses.
 func BenchmarkStoreDoOneKey(b *testing.B) {
 	spec := mustSpec(b, time.Second, DefaultBuckets)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	var clock atomic.Int64
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

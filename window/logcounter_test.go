@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 // refLog is the SlidingLog algorithm's specification written plainly: a
@@ -481,7 +483,7 @@ func TestLogCounterNoAlloc(t *testing.T) {
 func TestStoreSlidingLog(t *testing.T) {
 	spec := mustSpec(t, time.Second, 1)
 	ctx := context.Background()
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock, MaxKeys: 3})
 	do := func(reqs ...Request) []Result {
 		t.Helper()

@@ -7,11 +7,13 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
 
 func TestStoreSweep(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock})
 	ctx := context.Background()
 	for i := range 100 {
@@ -45,7 +47,7 @@ func TestStoreSweep(t *testing.T) {
 
 func TestStoreRunSweeps(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock})
 	s.Do(context.Background(), []Request{{Key: "a", Spec: spec, Limit: 5, Hits: 1}})
 	clock.Set(time.Hour)
@@ -71,7 +73,7 @@ func TestStoreMaxKeys(t *testing.T) {
 	tests := []struct{ maxKeys, keys int }{{1, 50}, {10, 1000}, {300, 1000}, {1000, 1000}}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("max %d", tt.maxKeys), func(t *testing.T) {
-			clock := &fakeClock{}
+			clock := &testclock.Clock{}
 			s := NewStore(StoreOptions{Clock: clock, MaxKeys: tt.maxKeys})
 			for i := range tt.keys {
 				clock.Advance(time.Microsecond)
@@ -92,7 +94,7 @@ func TestStoreMaxKeys(t *testing.T) {
 // key used all the time survives a stream of one-off keys.
 func TestStoreEvictionKeepsHotKey(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10)
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock, MaxKeys: 64})
 	ctx := context.Background()
 	hot := Request{Key: "hot", Spec: spec, Limit: 1 << 20, Hits: 1}
@@ -123,7 +125,7 @@ const heapBound = 16 << 20
 // every window.
 func TestStoreBoundedMemory(t *testing.T) {
 	spec := mustSpec(t, 100*time.Millisecond, DefaultBuckets)
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock, MaxKeys: streamMaxKeys})
 	ctx := context.Background()
 	const hotLimit = 50
@@ -187,7 +189,7 @@ func TestStoreBoundedMemory(t *testing.T) {
 }
 
 func TestStoreRunBadInterval(t *testing.T) {
-	if err := NewStore(StoreOptions{Clock: &fakeClock{}}).Run(context.Background(), 0); err == nil {
+	if err := NewStore(StoreOptions{Clock: &testclock.Clock{}}).Run(context.Background(), 0); err == nil {
 		t.Fatal("Run with interval 0 returned nil")
 	}
 }
@@ -196,7 +198,7 @@ func TestStoreRunBadInterval(t *testing.T) {
 // while a few keys of the burst stay in use.
 func TestStoreSweepShrinksMaps(t *testing.T) {
 	spec := mustSpec(t, time.Second, DefaultBuckets)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	res := make([]Result, 1)
 	var base, full, after runtime.MemStats
 	runtime.GC()
@@ -260,7 +262,7 @@ func TestStoreByteBudget(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/limit=%d", tt.alg, tt.limit), func(t *testing.T) {
 			spec := mustSpec(t, time.Minute, DefaultBuckets)
-			s := NewStore(StoreOptions{Clock: &fakeClock{}, MaxBytes: budget})
+			s := NewStore(StoreOptions{Clock: &testclock.Clock{}, MaxBytes: budget})
 			ctx := context.Background()
 			const hotLimit = 50
 			hot := []Request{{Key: "hot", Spec: spec, Limit: hotLimit, Hits: 1, Veto: true, Algorithm: tt.alg}}
@@ -338,7 +340,7 @@ func newMeterFor(spec Spec, alg Algorithm, limit uint64) meter {
 func TestStoreBytesFollowChanges(t *testing.T) {
 	spec := mustSpec(t, time.Minute, DefaultBuckets)
 	other := mustSpec(t, time.Hour, DefaultBuckets)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	ctx := context.Background()
 	res := make([]Result, 1)
 	steps := []Request{

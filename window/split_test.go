@@ -5,12 +5,9 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
-
-// fixedClock is a Clock that stands still.
-type fixedClock struct{ t time.Duration }
-
-func (c fixedClock) Now() time.Duration { return c.t }
 
 // failingLimiter fails every call.
 type failingLimiter struct{}
@@ -48,7 +45,7 @@ func TestSplitIsAllOrNothing(t *testing.T) {
 		{"refund without a refusal: applied", []Request{fast(1), refund}, []bool{true, true}, map[string]uint64{"fast": 1, "slow": 5}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := fixedClock{t: time.Hour}
+			clock := testclock.At(time.Hour)
 			main := NewStore(StoreOptions{Clock: clock})
 			perSecond := NewStore(StoreOptions{Clock: clock})
 			split := Split{Long: main, Short: perSecond, MaxShort: time.Second}
@@ -77,7 +74,7 @@ func TestSplitIsAllOrNothing(t *testing.T) {
 	}
 
 	// A failing limiter: the other's hits are taken back, the error returned.
-	main := NewStore(StoreOptions{Clock: fixedClock{t: time.Hour}})
+	main := NewStore(StoreOptions{Clock: testclock.At(time.Hour)})
 	split := Split{Long: main, Short: failingLimiter{}, MaxShort: time.Second}
 	if _, err := split.Do(context.Background(), []Request{fast(1), slow(1)}); err == nil {
 		t.Fatal("no error with the per-second limiter down")

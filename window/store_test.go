@@ -9,14 +9,9 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/leapgate/leapgate/internal/testclock"
 )
-
-// fakeClock is a Clock the test moves by hand.
-type fakeClock struct{ now atomic.Int64 }
-
-func (c *fakeClock) Now() time.Duration      { return time.Duration(c.now.Load()) }
-func (c *fakeClock) Set(t time.Duration)     { c.now.Store(int64(t)) }
-func (c *fakeClock) Advance(d time.Duration) { c.now.Add(int64(d)) }
 
 func TestStoreDo(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
@@ -87,7 +82,7 @@ func TestStoreDo(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clock := &fakeClock{}
+			clock := &testclock.Clock{}
 			clock.Set(time.Hour)
 			s := NewStore(StoreOptions{Clock: clock})
 			for i, st := range tt.steps {
@@ -112,7 +107,7 @@ func TestStoreDo(t *testing.T) {
 
 func TestStoreVetoRestoresRemaining(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	res, _ := s.Do(context.Background(), []Request{
 		{Key: "a", Spec: sec, Limit: 10, Hits: 3, Veto: true},
 		{Key: "b", Spec: sec, Limit: 0, Hits: 1, Veto: true},
@@ -123,7 +118,7 @@ func TestStoreVetoRestoresRemaining(t *testing.T) {
 }
 
 func TestStoreErrors(t *testing.T) {
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	_, err := s.Do(context.Background(), []Request{{Key: "a", Limit: 1, Hits: 1}})
 	if !errors.Is(err, ErrInvalidSpec) {
 		t.Fatalf("zero Spec: error %v, want ErrInvalidSpec", err)
@@ -140,7 +135,7 @@ func TestStoreErrors(t *testing.T) {
 
 func TestStoreUndo(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
-	clock := &fakeClock{}
+	clock := &testclock.Clock{}
 	s := NewStore(StoreOptions{Clock: clock})
 	reqs := []Request{{Key: "a", Spec: sec, Limit: 10, Hits: 4}, {Key: "b", Spec: sec, Limit: 1, Hits: 2}}
 	res, _ := s.Do(context.Background(), reqs)
@@ -157,7 +152,7 @@ func TestStoreUndo(t *testing.T) {
 // limit through the Store.
 func TestStoreAtomicAdmission(t *testing.T) {
 	spec := mustSpec(t, time.Second, 20)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	const keys, limit = 8, 200
 	var admitted [keys]atomic.Uint64
 	var wg sync.WaitGroup
@@ -192,7 +187,7 @@ func TestStoreAtomicAdmission(t *testing.T) {
 func TestStoreDoesNotRetainKeys(t *testing.T) {
 	sec := mustSpec(t, time.Second, 10)
 	minute := mustSpec(t, time.Minute, 10)
-	s := NewStore(StoreOptions{Clock: &fakeClock{}})
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}})
 	buf := []byte("key-a")
 	alias := unsafe.String(&buf[0], len(buf))
 	for _, spec := range []Spec{sec, minute} { // create, then replace

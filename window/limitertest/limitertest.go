@@ -8,41 +8,16 @@ package limitertest
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/leapgate/leapgate/internal/testclock"
 	"github.com/leapgate/leapgate/window"
 )
 
-// Clock is a window.Clock that moves only when told: the time a Limiter
-// under test reads for every call. Its zero value reads 0. It is safe for
-// concurrent use.
-type Clock struct {
-	mu sync.Mutex
-	t  time.Duration
-}
-
-// Now returns the time last set.
-func (c *Clock) Now() time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Set moves the clock to t, backwards too.
-func (c *Clock) Set(t time.Duration) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
-
-// Advance moves the clock d forward (backward for a negative d).
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t += d
-	c.mu.Unlock()
-}
+// Clock is a window.Clock that moves only when told (Set, Advance): the
+// time a Limiter under test reads for every call.
+type Clock = testclock.Clock
 
 // Open returns a new Limiter, holding no counter, whose every call acts at
 // clock.Now() (in whole microseconds is enough: the suite moves the clock
