@@ -323,7 +323,7 @@ func packArgs(dst []byte, r *window.Request) []byte {
 
 // leaseField is the field of a concurrency counter's hash that holds the
 // slots req recorded at bucket (a time in microseconds): its holder's, or
-// the one of slots held by nobody leased at that time (see allow.lua).
+// the one of slots held by nobody leased at that time (see lua/concurrency.lua).
 func leaseField(req *window.Request, bucket int64) string {
 	if id := window.HolderID(req.Holder); id != 0 {
 		return "h" + strconv.FormatUint(id, 10)
@@ -394,7 +394,7 @@ func (s *Store) undo(ctx context.Context, reqs []window.Request, results []windo
 }
 
 // call is one script invocation, or for the allow script one group of
-// one (see allow.lua), which the pipeliner merges with others.
+// one (see lua/batch.lua), which the pipeliner merges with others.
 type call struct {
 	keys []string
 	args []any

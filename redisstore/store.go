@@ -7,21 +7,12 @@
 // window), and a refused request consumes no quota.
 //
 // Each counter is one Redis key whose hash tag is the whole Request.Key
-// (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), plus ":sw" for the default
-// sliding window, ":tb" for a token bucket, ":fw" for a fixed window and
-// ":log" for a sliding log (time buckets keep the bare key). The sliding
-// window is window.Counter as one string of at most 20 + 2*window.Blocks
-// bytes (checkpoint.lua), read and written whole, whatever the limit; the
-// others are hashes: a token bucket's fields are "tat" (GCRA's theoretical
-// arrival time) and "seen" (the newest time written), in nanoseconds; a
-// fixed window's one field is the window number, whose value is its count;
-// a sliding log's fields are admission times (microseconds) valued with the
-// hits admitted then, and "seen"; time buckets' fields are bucket epochs
-// (floor(now / bucket length), now being Redis's TIME in microseconds)
-// valued with the hits recorded in the bucket. One Lua script (allow.lua)
+// (CACHE_KEY_PREFIX + "{" + Request.Key + "}"), followed by its algorithm's
+// window.AlgorithmInfo.KeySuffix. Each algorithm keeps its layout in its own
+// script, lua/<name>.lua (docs/redis.md lists them all); lua/batch.lua
 // reads, checks and updates every counter of a batch at once, whatever
-// their algorithms; every write re-arms the key's TTL, so idle counters
-// vanish.
+// their algorithms, and takes hits back for Undo. Every write re-arms the
+// key's TTL, so idle counters vanish.
 //
 // A batch costs one round trip: one script call (an FCALL of the function
 // library on Redis 7, else an EVALSHA) on a single node or Sentinel master;
