@@ -188,10 +188,10 @@ type Settings struct {
 	// ShadowMode answers OK to every request while still counting and
 	// reporting what would have been refused.
 	ShadowMode bool `envconfig:"SHADOW_MODE" default:"false"`
-	// QuotaMode puts every limited descriptor in quota mode, as the rule
-	// option quota_mode does for one: an over-limit descriptor is answered
-	// OK and reported in the dynamic metadata's quotaModeViolations, so no
-	// request is refused by a rate limit.
+	// QuotaMode puts every descriptor in quota mode, as the rule option
+	// quota_mode does for one: over its limit a descriptor is OVER_LIMIT in
+	// its status, and the request is refused only when every one of its
+	// descriptors in quota mode is over (as envoyproxy/ratelimit answers).
 	QuotaMode bool `envconfig:"QUOTA_MODE" default:"false"`
 	// NearLimitRatio is the fraction of a limit above which hits are
 	// counted as near_limit in the metrics.

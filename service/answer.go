@@ -43,8 +43,14 @@ func (s *Service) consultBreakers(sc *scratch) bool {
 }
 
 // decide picks each descriptor's reported result and computes the overall
-// rate-limit outcome before breakers and global shadow mode.
+// rate-limit outcome before breakers and global shadow mode, as
+// envoyproxy/ratelimit does: the request is over when an enforcing
+// descriptor (neither shadow nor quota mode) is over, or when it has
+// descriptors in quota mode and every one of them is over (a descriptor in
+// shadow mode is never over). With QUOTA_MODE every descriptor but an
+// unlimited one is in quota mode, one that matches no rule too.
 func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reason string) {
+	quota, quotaOver := 0, 0
 	for i := range sc.plans {
 		p := &sc.plans[i]
 		for j := p.first; j < p.first+p.n; j++ {
@@ -56,14 +62,29 @@ func (s *Service) decide(sc *scratch, results []window.Result) (over bool, reaso
 				p.best = j
 			}
 		}
-		if p.over && enforcing(p) {
+		switch {
+		case inQuotaMode(s, p):
+			quota++
+			if p.over && !p.shadow {
+				quotaOver++
+			}
+		case p.over && enforcing(p):
 			over = true
 		}
 	}
-	if over {
+	if over || quota > 0 && quotaOver == quota {
 		return true, envoyhdr.ReasonRateLimited
 	}
 	return false, ""
+}
+
+// inQuotaMode reports whether a descriptor counts among the request's
+// descriptors in quota mode (see decide).
+func inQuotaMode(s *Service, p *plan) bool {
+	if p.kind == kindBroken || p.kind == kindUnlimited {
+		return false // a broken rule enforces; an unlimited one never counts
+	}
+	return p.quota || s.quota
 }
 
 // moreConstraining reports whether a should be reported rather than b: a
@@ -192,8 +213,8 @@ type singleResponse struct {
 
 // conclude sets every plan's answer from the limiter's results: the most
 // constraining limit (or none), its remaining quota and reset, and whether
-// the descriptor is OVER_LIMIT (its limit refused, or its breaker is open;
-// never in shadow mode, and never by a limit in quota mode).
+// the descriptor is OVER_LIMIT (its limit refused, in quota mode too, or its
+// breaker is open; never in shadow mode).
 func (s *Service) conclude(sc *scratch, results []window.Result) {
 	for i := range sc.plans {
 		p := &sc.plans[i]
@@ -211,7 +232,7 @@ func (s *Service) conclude(sc *scratch, results []window.Result) {
 			r := &results[p.best]
 			a.remaining = uint32(min(r.Remaining, math.MaxUint32))
 			a.reset = r.Reset
-			a.over = p.over && enforcing(p)
+			a.over = p.over && !p.shadow
 		}
 		if p.breakerOff && !p.shadow {
 			a.over = true

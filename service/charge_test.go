@@ -26,9 +26,10 @@ descriptors:
 
 // TestChargeAlwaysAnswers plays charge: always through ShouldRateLimit under
 // a fake clock: each row is one call at a time, with its answer. A charge
-// that does not fit is recorded and answered OVER_LIMIT (OK in shadow and
-// quota mode, which never refuse), checks are refused until the debt has
-// aged out, and a hostile hits_addend saturates instead of erroring.
+// that does not fit is recorded and answered OVER_LIMIT (OK in shadow mode,
+// which never refuses; OVER_LIMIT in quota mode, the request's only quota
+// descriptor, and recorded all the same), checks are refused until the debt
+// has aged out, and a hostile hits_addend saturates instead of erroring.
 func TestChargeAlwaysAnswers(t *testing.T) {
 	h := newHarness(t, mustParse(t, chargeRules), nil)
 	tokens := lim(100, minute, "")
@@ -54,8 +55,8 @@ func TestChargeAlwaysAnswers(t *testing.T) {
 		{101 * T, "tokens", 0, wantOver(tokens, 0, W-T)},
 		{0, "shadow", 150, wantOK(tokens, 0, W)},
 		{T, "shadow", 0, wantOK(tokens, 0, W-T)},
-		{0, "quota", 150, wantOK(tokens, 0, W)},
-		{T, "quota", 0, wantOK(tokens, 0, W-T)},
+		{0, "quota", 150, wantOver(tokens, 0, W)},
+		{T, "quota", 0, wantOver(tokens, 0, W-T)},
 	} {
 		h.clock.Set(s.at)
 		resp, err := h.call(req("d", with(desc(s.key, "alice"), hits(s.hits))))

@@ -190,14 +190,12 @@ func sfString(s string) string {
 // Keys of the response dynamic metadata, as envoyproxy/ratelimit sets them,
 // and metaRules, under which the matched rules' metadata is merged.
 const (
-	metaDomain          = "domain"
-	metaDescriptors     = "descriptors"
-	metaEntries         = "entries"
-	metaLimit           = "limit"
-	metaHitsAddend      = "hitsAddend"
-	metaQuotaViolations = "quotaModeViolations"
-	metaQuotaEnabled    = "quotaModeEnabled"
-	metaRules           = "metadata"
+	metaDomain      = "domain"
+	metaDescriptors = "descriptors"
+	metaEntries     = "entries"
+	metaLimit       = "limit"
+	metaHitsAddend  = "hitsAddend"
+	metaRules       = "metadata"
 )
 
 // validUTF8 is a request string as a protobuf string field can carry it:
@@ -212,13 +210,12 @@ func validUTF8(v string) string { return strings.ToValidUTF8(v, "\uFFFD") }
 //     strings, its limit override in protobuf text form when it has one,
 //     and its own hitsAddend when set;
 //   - hitsAddend: the request's, only when it is not 0;
-//   - quotaModeViolations: the indexes of the descriptors over a limit in
-//     quota mode (answered OK), only when there are any;
-//   - quotaModeEnabled: whether any matched rule has quota_mode.
+//   - metadata: the metadata of the matched rules of the descriptors that
+//     passed (answered OK, by a limit rather than by an unlimited rule),
+//     merged in request order; on a clash the earlier descriptor's value
+//     wins, and maps present in both are merged key by key; only when
+//     there is any.
 //
-// Leapgate adds "metadata": the metadata of the matched rules of the
-// descriptors answered OK, merged in request order; on a clash the earlier
-// descriptor's value wins, and maps present in both are merged key by key.
 // plans is nil for a request no rule could match.
 func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct {
 	descs := make([]*structpb.Value, len(req.GetDescriptors()))
@@ -243,18 +240,10 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct
 	if h := req.GetHitsAddend(); h != 0 {
 		md.Fields[metaHitsAddend] = structpb.NewNumberValue(float64(h))
 	}
-	var violations []*structpb.Value
-	quotaEnabled := false
 	var rules *structpb.Struct
 	for i := range plans {
 		p := &plans[i]
-		if p.info != nil && p.info.rule.QuotaMode && p.kind != kindOverride {
-			quotaEnabled = true
-		}
-		if p.quota && p.over {
-			violations = append(violations, structpb.NewNumberValue(float64(i)))
-		}
-		if p.info == nil || p.info.metadata == nil || p.answer.over {
+		if p.info == nil || p.info.metadata == nil || p.answer.over || p.kind == kindUnlimited {
 			continue
 		}
 		if rules == nil {
@@ -262,10 +251,6 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, plans []plan) *structpb.Struct
 		}
 		mergeAbsent(rules, p.info.metadata)
 	}
-	if len(violations) > 0 {
-		md.Fields[metaQuotaViolations] = structpb.NewListValue(&structpb.ListValue{Values: violations})
-	}
-	md.Fields[metaQuotaEnabled] = structpb.NewBoolValue(quotaEnabled)
 	if rules != nil {
 		md.Fields[metaRules] = structpb.NewStructValue(rules)
 	}

@@ -221,9 +221,8 @@ func TestDynamicMetadata(t *testing.T) {
 					map[string]any{"entries": []any{"meta=x"}},
 					map[string]any{"entries": []any{"k=exact"}, "hitsAddend": 2},
 				},
-				"hitsAddend":       1,
-				"quotaModeEnabled": false,
-				"metadata":         map[string]any{"tier": "gold", "route": "primary"},
+				"hitsAddend": 1,
+				"metadata":   map[string]any{"tier": "gold", "route": "primary"},
 			}),
 		},
 		{
@@ -235,13 +234,14 @@ func TestDynamicMetadata(t *testing.T) {
 					map[string]any{"entries": []any{"meta=x"}},
 					map[string]any{"entries": []any{"nested=a", "sub=b"}},
 				},
-				"hitsAddend":       3,
-				"quotaModeEnabled": false,
+				"hitsAddend": 3,
 			}),
 		},
 		{
 			// envoyproxy/ratelimit's TestServiceQuotaModeWithMetadata.
-			name: "quota mode violations by descriptor index",
+			// envoyproxy/ratelimit no longer names quota violations (its
+			// #1112): the statuses say which descriptor is over.
+			name: "quota mode: no quota fields",
 			reqs: []*rlsv3.RateLimitRequest{
 				req("test", desc("quota", "a")),
 				req("test", desc("k", "exact"), desc("quota", "a"), desc("quota", "b")),
@@ -253,8 +253,6 @@ func TestDynamicMetadata(t *testing.T) {
 					map[string]any{"entries": []any{"quota=a"}},
 					map[string]any{"entries": []any{"quota=b"}},
 				},
-				"quotaModeViolations": []any{1},
-				"quotaModeEnabled":    true,
 			}),
 		},
 		{
@@ -276,7 +274,6 @@ descriptors:
 					map[string]any{"entries": []any{"a=1"}},
 					map[string]any{"entries": []any{"b=2"}},
 				},
-				"quotaModeEnabled": false,
 				"metadata": map[string]any{
 					"tier": "gold", "owner": "team-b",
 					"limits": map[string]any{"burst": 10, "region": "eu", "zone": 2},
@@ -290,16 +287,14 @@ descriptors:
 				"domain": "test",
 				"descriptors": []any{map[string]any{"entries": []any{"x=y"},
 					"limit": (&rlcommonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 7, Unit: typev3.RateLimitUnit_MINUTE}).String()}},
-				"quotaModeEnabled": false,
 			}),
 		},
 		{
 			name: "unknown domain",
 			reqs: []*rlsv3.RateLimitRequest{req("nope", desc("a", "b"))},
 			want: mustStruct(map[string]any{
-				"domain":           "nope",
-				"descriptors":      []any{map[string]any{"entries": []any{"a=b"}}},
-				"quotaModeEnabled": false,
+				"domain":      "nope",
+				"descriptors": []any{map[string]any{"entries": []any{"a=b"}}},
 			}),
 		},
 	}

@@ -19,6 +19,10 @@ const (
 
 // Default caps of distinct label values.
 const (
+	// MaxUnknownDomains is the most distinct domains that
+	// ratelimit_service_domain_not_found is labelled with; requests for
+	// further unknown domains are counted under OverflowLabel.
+	MaxUnknownDomains = 100
 	// DefaultMaxDetailedKeys is the most distinct detailed metric keys one
 	// rule reports before further ones are counted under OverflowLabel.
 	DefaultMaxDetailedKeys = 1000
@@ -56,7 +60,7 @@ type metrics struct {
 	circuitOpen *prometheus.CounterVec
 
 	globalShadow   prometheus.Counter
-	domainNotFound prometheus.Counter
+	domainNotFound *cappedCounter
 	errors         *prometheus.CounterVec
 	refused        *prometheus.CounterVec
 
@@ -104,12 +108,12 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 			Name: "ratelimit_service_global_shadow_mode",
 			Help: "Requests answered OK only because global shadow mode (SHADOW_MODE) is on.",
 		}),
-		// No domain label: the domain is the caller's choice (the log line
-		// names it, rate-limited).
-		domainNotFound: prometheus.NewCounter(prometheus.CounterOpts{
+		// Labelled by domain as envoyproxy/ratelimit's per-domain stat; the
+		// domain is the caller's choice, so its values are capped.
+		domainNotFound: newCappedCounter(prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_service_domain_not_found",
-			Help: "Requests for a domain that no rule file defines (answered OK).",
-		}),
+			Help: "Requests for a domain that no rule file defines (answered OK), by domain: at most MaxUnknownDomains values, then " + OverflowLabel + ".",
+		}, []string{"domain"}), MaxUnknownDomains),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_service_should_rate_limit_error",
 			Help: "ShouldRateLimit calls answered with an error, by cause.",
@@ -135,7 +139,7 @@ func newMetrics(reg *prometheus.Registry, maxDetailed int) (*metrics, error) {
 	m.rlsDuration = rlsDuration.WithLabelValues("ShouldRateLimit")
 	for _, c := range []prometheus.Collector{
 		m.totalHits, m.overLimit, m.nearLimit, m.withinLimit, m.shadowMode, m.circuitOpen,
-		m.globalShadow, m.domainNotFound, m.errors, m.refused, rlsRequests, rlsDuration,
+		m.globalShadow, m.domainNotFound.vec, m.errors, m.refused, rlsRequests, rlsDuration,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -255,4 +259,43 @@ func (d *detailedCounters) get(key string) *ruleCounters {
 	d.keys.Store(key, c)
 	d.n++
 	return c
+}
+
+// cappedCounter is a counter with one label that takes at most max distinct
+// values (caller-chosen ones), further values counted under OverflowLabel.
+// A value is kept as a valid UTF-8 label of at most maxLoggedBytes bytes.
+type cappedCounter struct {
+	vec *prometheus.CounterVec
+	max int
+
+	children sync.Map // label value -> prometheus.Counter
+	mu       sync.Mutex
+	n        int
+}
+
+func newCappedCounter(vec *prometheus.CounterVec, max int) *cappedCounter {
+	return &cappedCounter{vec: vec, max: max}
+}
+
+// inc counts one under value, or under OverflowLabel once max values are
+// taken.
+func (c *cappedCounter) inc(value string) {
+	if ch, ok := c.children.Load(value); ok {
+		ch.(prometheus.Counter).Inc()
+		return
+	}
+	c.mu.Lock()
+	ch, ok := c.children.Load(value)
+	if !ok {
+		if c.n < c.max {
+			value = strings.Clone(value) // a label must not pin a request's memory
+			ch = c.vec.WithLabelValues(loggable(value))
+			c.children.Store(value, ch)
+			c.n++
+		} else {
+			ch = c.vec.WithLabelValues(OverflowLabel)
+		}
+	}
+	c.mu.Unlock()
+	ch.(prometheus.Counter).Inc()
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -229,6 +230,44 @@ func repeat(n int, r *rlsv3.RateLimitRequest) []*rlsv3.RateLimitRequest {
 	return out
 }
 
+// TestUnknownDomainsAreCapped: a caller choosing domains at will gets at
+// most MaxUnknownDomains label values of domain_not_found, then the overflow
+// value; every request is counted; a long or invalid domain becomes a short,
+// valid label.
+func TestUnknownDomainsAreCapped(t *testing.T) {
+	h := newHarness(t, mustParse(t, testRules), nil)
+	for i := range MaxUnknownDomains + 50 {
+		h.call(req(fmt.Sprintf("junk-%d", i), desc("k", "v")))
+	}
+	h.call(req("junk-0", desc("k", "v")))
+	vec := h.svc.metrics.domainNotFound.vec
+	if n := testutil.CollectAndCount(vec); n != MaxUnknownDomains+1 {
+		t.Fatalf("%d series, want %d and the overflow", n, MaxUnknownDomains)
+	}
+	if got := testutil.ToFloat64(vec.WithLabelValues("junk-0")); got != 2 {
+		t.Errorf("junk-0 = %v, want 2 (a known value keeps its series)", got)
+	}
+	if got := testutil.ToFloat64(vec.WithLabelValues(OverflowLabel)); got != 50 {
+		t.Errorf("overflow = %v, want 50", got)
+	}
+	h2 := newHarness(t, mustParse(t, testRules), nil)
+	h2.call(req(strings.Repeat("\xff", 10_000), desc("k", "v")))
+	mfs, err := h2.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ratelimit_service_domain_not_found" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if v := m.GetLabel()[0].GetValue(); len(v) > 300 || !utf8.ValidString(v) {
+				t.Errorf("label of %d bytes, valid UTF-8 %v", len(v), utf8.ValidString(v))
+			}
+		}
+	}
+}
+
 func TestServiceMetrics(t *testing.T) {
 	h := newHarness(t, mustParse(t, testRules, otherRules), func(o *Options) { o.ShadowMode = true })
 	calls := []*rlsv3.RateLimitRequest{
@@ -247,9 +286,12 @@ func TestServiceMetrics(t *testing.T) {
 	if got := testutil.ToFloat64(h.svc.metrics.globalShadow); got != 1 {
 		t.Errorf("global_shadow_mode = %v, want 1", got)
 	}
-	// Unknown domains are counted without a label: the caller chooses them.
-	if got := testutil.ToFloat64(h.svc.metrics.domainNotFound); got != 7 {
-		t.Errorf("domain_not_found = %v, want 7", got)
+	// Unknown domains are counted by domain, as envoyproxy/ratelimit's
+	// per-domain stat (its TestBasicConfig): "nope", "", unknown-0..4.
+	for domain, want := range map[string]float64{"nope": 1, "": 1, "unknown-0": 1, "unknown-4": 1, "test": 0} {
+		if got := testutil.ToFloat64(h.svc.metrics.domainNotFound.vec.WithLabelValues(domain)); got != want {
+			t.Errorf("domain_not_found{domain=%q} = %v, want %v", domain, got, want)
+		}
 	}
 
 	// The exported names mirror envoyproxy/ratelimit's Prometheus mapping.

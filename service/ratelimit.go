@@ -92,14 +92,15 @@ func (sc *scratch) reset() {
 }
 
 // ShouldRateLimit answers whether the request's descriptors are within their
-// limits. Statuses are in request order. The overall code is OVER_LIMIT if
-// any enforcing descriptor is over its limit or refused by a circuit
-// breaker; global shadow mode then forces it to OK. A descriptor over a
-// limit in quota mode (quota_mode, QUOTA_MODE) is answered OK with its limit
-// and remaining quota, and named in the dynamic metadata's
-// quotaModeViolations, as envoyproxy/ratelimit answers it. Hits are
-// recorded only for an admitted request (all-or-nothing): an OVER_LIMIT
-// answer consumes no quota. An admitted request that is a half-open
+// limits. Statuses are in request order; a descriptor over a limit is
+// OVER_LIMIT, in quota mode (quota_mode, QUOTA_MODE) too, but not in shadow
+// mode. The overall code is OVER_LIMIT, as envoyproxy/ratelimit answers it,
+// if a descriptor neither in shadow nor in quota mode is over its limit or
+// refused by a circuit breaker, or if the request has descriptors in quota
+// mode and every one of them is over (a soft limit: quota-aware routing
+// sends the request where some quota is left); global shadow mode then
+// forces it to OK. Hits are recorded only for an admitted request
+// (all-or-nothing): an OVER_LIMIT answer consumes no quota. An admitted request that is a half-open
 // breaker's probe carries the probe ids to the upstream in
 // request_headers_to_add (envoyhdr.ProbeHeader), so that its reported
 // outcome is matched to the probe.
@@ -136,7 +137,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return s.refuseOversized(req), nil
 	}
 	if !st.set.HasDomain(domain) {
-		s.metrics.domainNotFound.Inc()
+		s.metrics.domainNotFound.inc(domain)
 		s.domainWarn.Warn(s.log, "request for a domain no rule file defines; answered OK",
 			"domain", loggable(domain), "descriptors", len(descs))
 		resp := allOK(len(descs))

@@ -251,28 +251,49 @@ func TestShouldRateLimit(t *testing.T) {
 			// TestServicePerDescriptorQuotaMode: a quota descriptor over its
 			// limit is answered OK with its limit and remaining quota, and
 			// never refuses the request by itself.
-			name: "quota mode: an over-limit quota descriptor is answered OK",
+			// As envoyproxy/ratelimit answers since its #1059 (its
+			// TestServiceQuotaModeOnlySomeOverTheLimit,
+			// TestServiceQuotaModeOnlyAllOverTheLimit,
+			// TestServicePerDescriptorQuotaMode): a quota descriptor over is
+			// OVER_LIMIT in its status; the request is refused when a regular
+			// descriptor is over, or when every quota descriptor is.
+			name: "quota mode: refused only when every quota descriptor is over",
 			steps: []step{
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
 					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 1, 1100*ms)}},
+				// One of two over: the request passes, and b's hit counts.
 				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
-				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
-				// A regular descriptor over refuses; the quota one stays OK.
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOK(lim(2, second, ""), 0, 1100*ms)}},
+				// Both over: refused, nothing recorded.
+				{req: req("test", desc("quota", "a"), desc("quota", "b")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(1, second, ""), 0, 1100*ms), wantOver(lim(2, second, ""), 0, 1100*ms)}},
+				// A regular descriptor over refuses, whatever the quota ones say.
 				{req: req("test", desc("ban", "x"), desc("quota", "a")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
-					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(lim(1, second, ""), 0, 1100*ms)}},
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOver(lim(1, second, ""), 0, 1100*ms)}},
+				// A regular descriptor within its limit does not save a request
+				// whose quota descriptors are all over; the regular hit is not
+				// kept (the request was refused).
+				{req: req("test", desc("k", "exact"), desc("quota", "a")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
+					statuses: []*dstatus{wantOK(exact3, 3, 0), wantOver(lim(1, second, ""), 0, 1100*ms)}},
+				{req: req("test", desc("k", "exact")), overall: codeOK, statuses: []*dstatus{wantOK(exact3, 2, 1100*ms)}},
 			},
 		},
 		{
-			name: "global quota mode: every limited descriptor in quota mode",
+			// envoyproxy/ratelimit's TestServiceGlobalQuotaMode: with
+			// QUOTA_MODE every descriptor is in quota mode, one that matches
+			// no rule too (it is never over), but not an unlimited one.
+			name: "global quota mode: every descriptor in quota mode",
 			opts: func(o *Options) { o.QuotaMode = true },
 			steps: []step{
 				{req: req("test", desc("ban", "x"), desc("k", "exact")), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(0, second, ""), 0, time.Second), wantOK(exact3, 2, 1100*ms)}},
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantOK(exact3, 2, 1100*ms)}},
+				{req: req("test", desc("ban", "x")), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
+				{req: req("test", desc("ban", "x"), desc("nothing", "matches")), overall: codeOK,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second), wantPlain()}},
 				// A limit override is in quota mode too.
-				{req: req("test", with(desc("x", "y"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOK,
-					statuses: []*dstatus{wantOK(lim(0, second, ""), 0, time.Second)}},
+				{req: req("test", with(desc("x", "y"), override(0, typev3.RateLimitUnit_SECOND, 0))), overall: codeOver, reason: envoyhdr.ReasonRateLimited,
+					statuses: []*dstatus{wantOver(lim(0, second, ""), 0, time.Second)}},
 			},
 		},
 		{
@@ -666,8 +687,10 @@ func TestOneLimiterCallPerRequest(t *testing.T) {
 		{name: "refunds never veto and carry Negative",
 			req:  req("test", with(desc("k", "exact"), refund()), desc("user", "u")),
 			veto: []bool{false, true}, hits: []uint64{1, 1}, negative: []bool{true, false}},
-		{name: "a quota descriptor over: no Undo, the request passes", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
-			veto: []bool{true, false}, hits: []uint64{1, 2}},
+		{name: "one quota descriptor of two over: no Undo, the request passes", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2)), desc("quota", "b")),
+			veto: []bool{true, false, false}, hits: []uint64{1, 2, 1}},
+		{name: "the only quota descriptor over: refused, the recorded hits taken back", req: req("test", desc("k", "exact"), with(desc("quota", "a"), hits(2))),
+			veto: []bool{true, false}, hits: []uint64{1, 2}, undos: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -73,3 +73,51 @@ func TestBinaryBudgetChargedAfterTheResponse(t *testing.T) {
 		})
 	}
 }
+
+// fixedBudgetRules: 100 tokens per user per hour in fixed windows, charged
+// always.
+const fixedBudgetRules = `domain: llm
+descriptors:
+  - key: user
+    rate_limit: {requests_per_unit: 100, unit: hour, algorithm: fixed_window, charge: always}
+`
+
+// TestBinaryFixedWindowChargeOnANewKey: the first charge of a fixed window
+// on a key with no counter yet, over the budget, is recorded on every
+// backend (on Redis it was answered OVER_LIMIT and recorded as 0, so a
+// client whose every call exceeds its budget was never charged).
+func TestBinaryFixedWindowChargeOnANewKey(t *testing.T) {
+	for n, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			client := startReplicas(t, ruleRoot(t, fixedBudgetRules), n)[0]
+			call := func(user string, hits uint64) *rlsv3.RateLimitResponse_DescriptorStatus {
+				t.Helper()
+				resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm",
+					Descriptors: []*rlcommonv3.RateLimitDescriptor{{
+						Entries:    []*rlcommonv3.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+						HitsAddend: wrapperspb.UInt64(hits),
+					}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.GetStatuses()[0]
+			}
+			for _, user := range []string{"alice", "bob"} { // bob: again, if alice's calls straddled an hour
+				hour := time.Now().Truncate(time.Hour)
+				over := rlsv3.RateLimitResponse_OVER_LIMIT
+				if s := call(user, 150); s.GetCode() != over {
+					t.Fatalf("a charge of 150 against 100: %v", s)
+				}
+				s := call(user, 0)
+				if !time.Now().Truncate(time.Hour).Equal(hour) {
+					continue
+				}
+				if s.GetCode() != over || s.GetLimitRemaining() != 0 {
+					t.Fatalf("check after a charge of 150 against 100 on a new key: %v, want OVER_LIMIT (the charge recorded)", s)
+				}
+				return
+			}
+			t.Fatal("both tries straddled an hour edge")
+		})
+	}
+}
