@@ -42,7 +42,7 @@ var unhonoured = []UnhonouredSetting{
 	{"REDIS_PIPELINE_WINDOW", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_PIPELINE_LIMIT", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "the pool waits for a connection, bounded by REDIS_TIMEOUT", ""},
-	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "Redis health is a PING every 250 ms (leapgate_redis_up)", ""},
+	{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "Redis health is a PING every second (leapgate_redis_up)", ""},
 	{"REDIS_PERSECOND_PIPELINE_WINDOW", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_PERSECOND_PIPELINE_LIMIT", "requests are pipelined to Redis automatically (redisstore's pipeliner)", ""},
 	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "the pool waits for a connection, bounded by REDIS_PERSECOND_TIMEOUT", ""},

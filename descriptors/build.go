@@ -134,12 +134,14 @@ func (b *builder) addFile(f *rawFile) {
 	}
 	if f.domain == "" {
 		b.errorf(f.name, f.line, "config file cannot have empty domain")
+		b.checkOnly(f)
 		return
 	}
 	root := b.set.domains[f.domain]
 	if where, dup := b.domains[f.domain]; dup {
 		if !b.opts.MergeDomains {
 			b.errorf(f.name, f.line, "duplicate domain '%s' in config file (first defined at %s)", f.domain, where)
+			b.checkOnly(f)
 			return
 		}
 		if root == nil {
@@ -151,6 +153,17 @@ func (b *builder) addFile(f *rawFile) {
 		b.set.domains[f.domain] = root
 	}
 	b.addChildren(f, root, f.domain, nil, nil, f.descriptors)
+}
+
+// checkOnly reports the problems of the descriptors of f, a file whose
+// domain was refused, so that every problem of every file is reported at
+// once; nothing of f joins the set (a builder of its own takes them).
+func (b *builder) checkOnly(f *rawFile) {
+	scratch := newBuilder(b.opts)
+	scratch.perFile[f.name] = b.perFile[f.name]
+	scratch.addChildren(f, &node{}, f.domain, nil, nil, f.descriptors)
+	b.errs = append(b.errs, scratch.errs...)
+	b.perFile[f.name] = scratch.perFile[f.name]
 }
 
 // addChildren validates and links the descriptors below parent, whose ID is

@@ -42,3 +42,30 @@ func TestDocExamples(t *testing.T) {
 		t.Fatalf("parsed %d rule examples in the docs, want at least 4", parsed)
 	}
 }
+
+// TestDocErrorSample: the error sample of docs/rules.md is what loading
+// testdata/docs/rules prints, every problem of every file, the second
+// definition of a domain included, in order.
+func TestDocErrorSample(t *testing.T) {
+	doc, err := os.ReadFile("../docs/rules.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "every problem of every file is reported at")
+	if !ok {
+		t.Fatal("docs/rules.md no longer has the error sample")
+	}
+	_, block, _ := strings.Cut(after, "```\n")
+	want, _, _ := strings.Cut(block, "```")
+	_, err = Load(filepath.Join("testdata", "docs", "rules"), Options{})
+	if err == nil {
+		t.Fatal("the sample's files loaded")
+	}
+	var got strings.Builder
+	for _, line := range strings.Split(err.Error(), "\n") {
+		got.WriteString(strings.ReplaceAll(line, filepath.Join("testdata", "docs")+string(filepath.Separator), "") + "\n")
+	}
+	if got.String() != want {
+		t.Errorf("loading testdata/docs/rules:\n%s\ndocs/rules.md shows:\n%s", got.String(), want)
+	}
+}
