@@ -18,7 +18,7 @@ SOAK ?= 3m
 # staticcheck's version for `make lint` (installed with go install when missing).
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: run test check lint bench soak check-config accuracy loadtest compare mutate
+.PHONY: run test check lint bench figures soak check-config accuracy loadtest compare mutate
 
 run:
 	EXAMPLE_RULES=true $(GO) run ./cmd/ratelimit
@@ -41,6 +41,14 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCH_COUNT) -benchtime $(BENCH_TIME) $(BENCH_PKGS)
 
+# Re-measure every figure of docs/benchmarks.md and docs/accuracy.md: each
+# block's command runs and its output replaces the block, stamped with the
+# commit, date and CPU (FIGURES='regex' limits it to matching commands).
+# Slow (the load tests and every benchmark): run it on an idle machine.
+FIGURES ?=
+figures:
+	$(GO) run ./cmd/figures -only '$(FIGURES)'
+
 # Load test of a real server (ShouldRateLimit, /json, ext_proc, reloads, a
 # Redis restart) under -race, checking errors, heap and exact counts.
 # Then ./soak: persistent Redis killed and restarted mid-run, exact counts per key.
@@ -54,7 +62,7 @@ accuracy:
 	$(GO) run ./cmd/accuracy
 
 # Load test of the real binary over loopback gRPC next to an empty-handler
-# ceiling (see README "Benchmarks"); LOADTEST_FLAGS=-backend both adds Redis.
+# ceiling (see docs/benchmarks.md); LOADTEST_FLAGS=-backend both adds Redis.
 LOADTEST_FLAGS ?= -duration 10s -concurrency 32 -backend both
 loadtest:
 	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
