@@ -112,14 +112,31 @@ func envVars(t reflect.Type, out map[string]string) {
 }
 
 // TestSettingsTableMatchesConfig: docs/settings.md lists every variable
-// config reads, no other, each with its default as config sets it.
+// config reads, no other, each with its default as config sets it; the
+// README's table of the settings that matter most is a part of it, with the
+// same defaults.
 func TestSettingsTableMatchesConfig(t *testing.T) {
 	want := map[string]string{}
 	envVars(reflect.TypeFor[config.Settings](), want)
 	if len(want) < 30 {
 		t.Fatalf("found %d settings in config, want them all", len(want))
 	}
-	text := docFiles(t)["docs/settings.md"]
+	documented := checkSettingsTable(t, "docs/settings.md", want)
+	for name := range want {
+		if !documented[name] {
+			t.Errorf("docs/settings.md does not document %s", name)
+		}
+	}
+	if n := len(checkSettingsTable(t, "README.md", want)); n < 10 {
+		t.Errorf("read %d settings from the README's table", n)
+	}
+}
+
+// checkSettingsTable checks the settings table of the doc file against
+// config's variables and defaults (want) and returns the names it lists.
+func checkSettingsTable(t *testing.T, file string, want map[string]string) map[string]bool {
+	t.Helper()
+	text := docFiles(t)[file]
 	documented := map[string]bool{}
 	tick := regexp.MustCompile("`([^`]*)`")
 	for _, line := range strings.Split(text, "\n") {
@@ -129,6 +146,10 @@ func TestSettingsTableMatchesConfig(t *testing.T) {
 		}
 		var names []string
 		for _, m := range tick.FindAllStringSubmatch(cells[1], -1) {
+			if strings.ToUpper(m[1]) != m[1] || strings.ContainsAny(m[1], " .{/") {
+				names = nil // a table of something else (metrics, fields)
+				break
+			}
 			names = append(names, m[1])
 		}
 		defaults := strings.Split(strings.TrimSpace(cells[2]), ", ")
@@ -136,7 +157,7 @@ func TestSettingsTableMatchesConfig(t *testing.T) {
 			documented[name] = true
 			def, known := want[name]
 			if !known {
-				t.Errorf("docs/settings.md documents %s, which config does not read", name)
+				t.Errorf("%s documents %s, which config does not read", file, name)
 				continue
 			}
 			if len(defaults) != len(names) {
@@ -149,13 +170,9 @@ func TestSettingsTableMatchesConfig(t *testing.T) {
 				got = m[1]
 			}
 			if got != def {
-				t.Errorf("docs/settings.md: %s defaults to %q, config to %q", name, got, def)
+				t.Errorf("%s: %s defaults to %q, config to %q", file, name, got, def)
 			}
 		}
 	}
-	for name := range want {
-		if !documented[name] {
-			t.Errorf("docs/settings.md does not document %s", name)
-		}
-	}
+	return documented
 }

@@ -37,7 +37,7 @@ need_redis
 
 # Tools the deploy/ tests and the lint run, installed from the Go module
 # proxy when missing: promtool (metric conventions, alert rules), helm (the
-# chart) and staticcheck (make lint).
+# chart), staticcheck (make lint) and grpcurl (the docs' shell blocks).
 # They build in the background while the suite runs; the deploy tests are
 # run again, with the tools required, once they are there. promtool is
 # built without Prometheus's service-discovery plugins (remove_all_sd),
@@ -47,6 +47,7 @@ TOOLS=(
 	"promtool github.com/prometheus/prometheus/cmd/promtool@v0.316.0 -tags=remove_all_sd"
 	"helm helm.sh/helm/v3/cmd/helm@v3.22.0"
 	"staticcheck honnef.co/go/tools/cmd/staticcheck@v0.8.2"
+	"grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4"
 )
 GOBIN_DIR=$("$GO" env GOBIN)
 [ -n "$GOBIN_DIR" ] || GOBIN_DIR="$("$GO" env GOPATH | cut -d: -f1)/bin"
@@ -84,7 +85,7 @@ mapfile -t pkgs < <("$GO" list ./... | grep -v -e '/cmd/ratelimit$' -e '/soak$')
 echo "== go test -race (all but ${REALTIME_PKGS[*]})" >&2
 "$GO" test -race -count=1 -timeout 15m "${pkgs[@]}"
 
-echo "== waiting for promtool, helm and staticcheck" >&2
+echo "== waiting for promtool, helm, staticcheck and grpcurl" >&2
 if ! wait "$tools_pid"; then
 	cat "$tools_log" >&2
 	echo "test.sh: installing the tools above failed; they need the Go module proxy" >&2
@@ -95,8 +96,9 @@ rm -f "$tools_log"
 echo "== go test -race ${REALTIME_PKGS[*]}" >&2
 "$GO" test -race -count=1 -timeout 15m "${REALTIME_PKGS[@]}"
 
-echo "== deploy/ tests with promtool and helm" >&2
+echo "== deploy/ tests with promtool and helm, the docs' shell blocks with grpcurl" >&2
 LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 ./deploy/...
+LEAPGATE_REQUIRE_TOOLS=1 "$GO" test -count=1 -run '^TestDocShellBlocks$' ./examples
 # The Helm chart's tests are a module of their own (the Kubernetes API
 # types stay out of the service's module).
 (
