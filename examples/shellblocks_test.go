@@ -257,7 +257,7 @@ func serveLines(t *testing.T, b shellBlock) {
 			r := redistest.Start(t)
 			p[6379] = r.Port
 		}
-		cmd := exec.Command("bash", "-c", "exec "+p.rewrite(line))
+		cmd := exec.Command("bash", "-c", p.rewrite(line))
 		cmd.Dir = ".."
 		cmd.Env = p.env()
 		out := &syncBuffer{}
