@@ -2,6 +2,7 @@ package examples
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -240,8 +241,19 @@ func runBlock(t *testing.T, b shellBlock, p ports, env []string) {
 	cmd.Env = p.env(append([]string{"REPORT_TOKEN=docs-token"}, env...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	out, err := cmd.CombinedOutput()
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) // what the block left running
+	// What the block starts in the background keeps the output open: Wait
+	// returns a second after bash exits, and the group is then stopped.
+	cmd.WaitDelay = time.Second
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	err := cmd.Start()
+	if err == nil {
+		err = cmd.Wait()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) // what the block left running
+	}
+	if errors.Is(err, exec.ErrWaitDelay) {
+		err = nil // bash exited 0; its background jobs held the output
+	}
 	if err != nil {
 		t.Fatalf("%v\n%s\noutput:\n%s", err, p.rewrite(b.text), out)
 	}
