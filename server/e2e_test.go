@@ -397,9 +397,12 @@ func TestUpstreamModeSettings(t *testing.T) {
 	quota := over(start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) {
 		s.QuotaMode, s.ResponseDynamicMetadata = true, true
 	}))
-	if quota.GetOverallCode() != rlsv3.RateLimitResponse_OK ||
-		len(quota.GetDynamicMetadata().GetFields()["quotaModeViolations"].GetListValue().GetValues()) != 1 {
-		t.Errorf("QUOTA_MODE: %v, want OK with one quota violation in the metadata", quota)
+	// The request's only descriptor is over: every quota descriptor is,
+	// so the request is refused (as upstream since its #1059), and the
+	// metadata carries no quota fields (gone upstream since its #1112).
+	if quota.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || quota.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		quota.GetDynamicMetadata().GetFields()["domain"] == nil || quota.GetDynamicMetadata().GetFields()["quotaModeViolations"] != nil {
+		t.Errorf("QUOTA_MODE: %v, want OVER_LIMIT with the metadata and no quota fields", quota)
 	}
 	refusal := over(start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.RefusalHeaders = true }))
 	if h := headers(refusal); h["x-ratelimit-reason"] != "rate-limited" || h["Retry-After"] == "" {
