@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +45,7 @@ func checkCommand(t *testing.T, doc, command, makefile string) {
 	dir := ".."
 	for _, step := range strings.Split(strings.SplitN(command, " | ", 2)[0], "&&") {
 		words := strings.Fields(step)
-		if i := slicesIndex(words, "2>&1"); i >= 0 {
+		if i := slices.Index(words, "2>&1"); i >= 0 {
 			words = words[:i]
 		}
 		switch {
@@ -126,13 +127,4 @@ func checkGoTest(t *testing.T, doc, command, dir string, args []string) {
 			t.Errorf("%s: %q: %s %s matches no %s of %v", doc, command, flag, pattern, kind, pkgs)
 		}
 	}
-}
-
-func slicesIndex(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
