@@ -14,7 +14,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -37,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // leapgateProcess is the real binary running on loopback ports.
@@ -62,16 +62,6 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // startLeapgate builds cmd/ratelimit and runs it with in-memory counters
 // and the rules in root/sub/app (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
 // RUNTIME_APPDIRECTORY).
@@ -87,7 +77,8 @@ func startLeapgate(t *testing.T, root, sub, app string) *leapgateProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grpcPort, httpPort, debugPort := freePort(t), freePort(t), freePort(t)
+	free := redistest.FreePorts(t, 3)
+	grpcPort, httpPort, debugPort := free[0], free[1], free[2]
 	p := &leapgateProcess{
 		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", grpcPort),
 		HTTPAddr: fmt.Sprintf("127.0.0.1:%d", httpPort),

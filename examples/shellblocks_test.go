@@ -127,8 +127,9 @@ type ports map[int]int
 
 func newPorts(t *testing.T) ports {
 	p := ports{}
-	for _, d := range docPorts {
-		p[d.port] = freePort(t)
+	free := redistest.FreePorts(t, len(docPorts))
+	for i, d := range docPorts {
+		p[d.port] = free[i]
 	}
 	return p
 }
