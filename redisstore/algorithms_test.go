@@ -30,6 +30,7 @@ const (
 	plain   diffMode = iota
 	charged          // every request is ChargeAlways, with hits up to twice the limit
 	held             // requests name one of a few holders, or none (Concurrency)
+	relimited        // the limit changes every few batches: a quarter to three times the key's (a reload)
 )
 
 // TestMatchesInMemoryStore drives the Redis store and the in-memory
@@ -83,6 +84,10 @@ func TestMatchesInMemoryStore(t *testing.T) {
 		{"sliding_charge", []diffKey{
 			{sw, time.Second, 1, 10}, {sw, time.Second, 1, 300}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1},
 		}, 60 * time.Millisecond, charged},
+		// Limits raised and cut while the keys count hits: blocks re-sized,
+		// across the exact log (up to window.ExactLimit) and larger blocks.
+		{"sliding_relimited", []diffKey{{sw, time.Second, 1, 300}, {sw, time.Second, 1, 20}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}},
+			10 * time.Millisecond, relimited},
 		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, charged},
 		{"concurrency", []diffKey{{cc, 3 * time.Second, 1, 3}, {cc, 2 * time.Second, 1, 1}, {cc, 10 * time.Second, 1, 0}},
 			time.Second, held},
@@ -105,9 +110,13 @@ func TestMatchesInMemoryStore(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(len(tc.name)), uint64(tc.step)))
 			now := base
 			var recorded, refused, vetoed, refunds int
+			scale := [2]uint64{1, 1} // the limit in force: the key's × scale[0] / scale[1]
 			for step := range 300 {
 				now += time.Duration(rng.Int64N(int64(tc.step/time.Microsecond)+1)) * time.Microsecond
 				ft.Set(now)
+				if tc.mode == relimited && step%25 == 0 {
+					scale = [][2]uint64{{1, 1}, {1, 4}, {1, 2}, {2, 1}, {3, 1}}[rng.IntN(5)]
+				}
 				batch := make([]window.Request, 1+rng.IntN(4))
 				for i := range batch {
 					k := rng.IntN(len(tc.keys))
@@ -119,6 +128,9 @@ func TestMatchesInMemoryStore(t *testing.T) {
 						q.Hits = rng.Uint64N(2*tc.keys[k].limit + 1)
 					case held:
 						q.Holder = []string{"", "", "a", "b", "c", "d"}[rng.IntN(6)]
+					case relimited:
+						q.Limit = max(q.Limit*scale[0]/scale[1], 1)
+						q.Hits = uint64(rng.IntN(int(q.Limit/8) + 2))
 					}
 					q.Veto = rng.IntN(3) > 0
 					q.Negative = rng.IntN(5) == 0

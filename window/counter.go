@@ -73,10 +73,13 @@ func TickLength(w time.Duration) time.Duration {
 // conservative. A limit of at most ExactLimit keeps full times instead (8
 // bytes each, in the same ring): the Counter is then the exact sliding log.
 // A weighted request (hits > 1) may close several blocks at its own time. A
-// limit raised beyond what the blocks were sized for while hits are counted
-// keeps adding to the open block (exact in count, coarser in time); the
-// block sizes follow the limit again once the window is empty. Refunds take
-// from the open block, then reopen the newest closed blocks.
+// limit that changes (a reload, an xDS update, the lowered limits of Redis's
+// local failure mode) re-sizes the blocks at once: the hits counted are
+// regrouped, oldest first, into blocks sized for the new limit, each
+// stamped with the newest time of the hits it takes (see resize), so a
+// raise takes effect within one window and a cut from the moment it
+// applies. Refunds take from the open block, then reopen the newest closed
+// blocks.
 //
 // A Counter is 256 bytes, safe for concurrent use (a small per-key mutex,
 // held for a few tens of nanoseconds) and does not allocate. Every method
@@ -147,9 +150,7 @@ func (c *Counter) admit(now time.Duration, hits, limit uint64, always bool) Resu
 	limit = min(limit, MaxLimit)
 	c.mu.Lock()
 	t, anchor := c.advance(now)
-	if c.n == 0 && c.open == 0 {
-		c.quota = quotaFor(limit)
-	}
+	c.resize(quotaFor(limit), anchor)
 	est := c.estimate()
 	r := Result{Remaining: limit - min(est, limit), Bucket: t}
 	need := max(hits, 1)
@@ -248,6 +249,53 @@ func quotaFor(limit uint64) uint32 {
 		return uint32(limit)
 	}
 	return uint32(max(limit, Blocks))
+}
+
+// resize sizes the blocks for quota q (quotaFor of the limit in force).
+// An empty window takes q as it is. Otherwise the hits counted are
+// regrouped, in arrival order, into the size cycle of q from slot 0: each
+// new block is stamped with the time of the newest old block it takes hits
+// from (old blocks are stamped in FIFO order, so that is the newest time of
+// any of its hits), and what does not fill a block, or does not fit the
+// ring, is the open block, at the time of the newest hit it holds. No hit
+// is stamped earlier than it was, so the window still never undercounts,
+// and the count is unchanged. It costs one pass over the ring, only when
+// the limit changed. c.mu is held, after advance; anchor is the newest
+// time's tick.
+func (c *Counter) resize(q uint32, anchor int64) {
+	if q == c.quota {
+		return
+	}
+	if c.n == 0 && c.open == 0 {
+		c.quota = q
+		return
+	}
+	var sizes [Blocks + 1]uint64
+	var stamps [Blocks + 1]int64 // ns
+	k := int(c.n)
+	for i := range k {
+		sizes[i], stamps[i] = c.size(int(c.head)+i), c.stamp(c.index(i), anchor)
+	}
+	if c.open > 0 {
+		sizes[k], stamps[k] = uint64(c.open), c.openTime(anchor)
+		k++
+	}
+	c.quota, c.head, c.n, c.open = q, 0, 0, 0
+	var pending uint64 // hits taken from old blocks, not yet in a new one
+	var at int64       // the newest of their stamps
+	for i := range k {
+		pending, at = pending+sizes[i], stamps[i]
+		for int(c.n) < c.slots() {
+			b := c.size(int(c.n))
+			if pending < b {
+				break
+			}
+			c.setStamp(int(c.n), at, c.absTick(at))
+			c.n++
+			pending -= b
+		}
+	}
+	c.open, c.openTick = uint32(pending), uint16(c.absTick(at))
 }
 
 // exact reports whether the ring holds full times (an exact log).

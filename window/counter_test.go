@@ -422,7 +422,7 @@ func TestCounterLimitChanges(t *testing.T) {
 		at := time.Duration(i) * time.Millisecond
 		limit := uint64(Blocks)
 		if i >= 100 {
-			limit = 10_000 // raised: blocks stay of one hit
+			limit = 10_000 // raised: the blocks are re-sized at once
 		}
 		if i >= 200 {
 			limit = 20 // lowered
@@ -444,6 +444,53 @@ func TestCounterLimitChanges(t *testing.T) {
 	c.AllowAt(5*time.Second, 1, 10_000)
 	if c.quota != 10_000 {
 		t.Fatalf("block sizes divide %d after the window emptied, want 10000", c.quota)
+	}
+}
+
+// TestCounterResizeNeverUndercounts is TestCounterNeverUndercounts with a
+// limit that changes every few dozen requests, across the exact log, blocks
+// of one hit and larger blocks: the estimate is never below the real count
+// (no window holds more than the limit in force when a hit is admitted),
+// and it stays within one block of the old size and one of the new above
+// the log with times rounded up to the tick: at once after a raise, and a
+// window after a cut (the hits a cut leaves beyond the smaller ring's room
+// are stamped with the newest of them, so they are over-counted until it
+// leaves, which is never after a window).
+func TestCounterResizeNeverUndercounts(t *testing.T) {
+	w := time.Second
+	limits := []uint64{3, ExactLimit, ExactLimit + 1, Blocks, 150, 1000, 10_000}
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		c := NewCounter(mustSpec(t, w, 1))
+		log := &exactLog{w: w}
+		limit, prev := limits[0], limits[0]
+		now, cut := time.Duration(0), time.Duration(0)
+		for i := range 3000 {
+			if i%(20+int(seed)) == 0 {
+				prev, limit = limit, limits[rng.IntN(len(limits))]
+				if limit < prev {
+					cut = now
+				}
+			}
+			now += time.Duration(rng.Int64N(int64(w) / int64(limit) * 2))
+			hits := 1 + rng.Uint64N(1+limit/50)
+			real := log.count(now, 0)
+			if r := c.AllowAt(now, hits, limit); r.Recorded {
+				log.add(now, hits)
+				real += hits
+				if real > limit {
+					t.Fatalf("seed %d at %v: %d hits in the window under limit %d", seed, now, real, limit)
+				}
+			}
+			est := c.CountAt(now)
+			if est < real {
+				t.Fatalf("seed %d at %v: estimate %d below the real %d (limit %d after %d)", seed, now, est, real, limit, prev)
+			}
+			block := func(l uint64) uint64 { return (max(l, Blocks) + Blocks - 1) / Blocks }
+			if rounded := log.count(now, TickLength(w)); now-cut > w && est >= rounded+block(limit)+block(prev)+hits {
+				t.Fatalf("seed %d at %v: estimate %d, rounded log %d (limit %d after %d)", seed, now, est, rounded, limit, prev)
+			}
+		}
 	}
 }
 

@@ -164,11 +164,55 @@ function CP.advance(st)
   return t
 end
 
+-- CP.resize sizes the blocks for quota q (window.Counter's resize): the
+-- hits counted are regrouped, oldest first, into the size cycle of q from
+-- slot 0, each new block stamped with the time of the newest old block it
+-- takes hits from; the rest is the open block. After advance.
+function CP.resize(st, q)
+  if q == st.quota then
+    return
+  end
+  if st.n == 0 and st.open == 0 then
+    st.quota = q
+    return
+  end
+  local anchor = cpAbs(st, st.newest)
+  local sizes, stamps = {}, {}
+  for i = 1, st.n do
+    sizes[i], stamps[i] = cpSize(st, st.head + i - 1), cpStamp(st, i, anchor)
+  end
+  local k = st.n
+  if st.open > 0 then
+    k = k + 1
+    sizes[k], stamps[k] = st.open, CP.openTime(st)
+  end
+  st.quota, st.head, st.n, st.open, st.ring = q, 0, 0, 0, {}
+  local exact, slots = cpExact(st), cpSlots(st)
+  local pending, at = 0, 0
+  for i = 1, k do
+    pending, at = pending + sizes[i], stamps[i]
+    while st.n < slots do
+      local b = cpSize(st, st.n)
+      if pending < b then
+        break
+      end
+      st.n = st.n + 1
+      if exact then
+        st.ring[st.n] = at
+      else
+        st.ring[st.n] = cpAbs(st, at) % CP_RANGE
+      end
+      pending = pending - b
+    end
+  end
+  st.open, st.otick = pending, cpAbs(st, at) % CP_RANGE
+  st.dirty = true
+end
+
 function CP.estimate(st)
   return cpFilled(st, st.head + st.n) - cpFilled(st, st.head) + st.open
 end
 
--- CP.add records hits at time t (window.Counter's add).
 -- CP.add records hits at t, the newest time (window.Counter's add): a
 -- block made only of hits the open block already held keeps the open
 -- block's own time; any other is stamped at t.

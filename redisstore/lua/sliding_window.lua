@@ -14,9 +14,7 @@ function SlidingWindow.load(key, b, k)
 end
 
 function SlidingWindow.allow(st, hits, limit, always)
-  if st.n == 0 and st.open == 0 then
-    st.quota = CP.quotaFor(limit)
-  end
+  CP.resize(st, CP.quotaFor(limit))
   local est = CP.estimate(st)
   local r = {remaining = limit - math.min(est, limit), bucket = st.t}
   local need = math.max(hits, 1)
@@ -66,9 +64,10 @@ function SlidingWindow.rollback(st, q, dry)
   end
 end
 
--- settle writes what a vetoed batch leaves of the counter.
+-- settle writes what a vetoed batch leaves of the counter: hits taken back,
+-- or blocks re-sized for a changed limit (CP.resize marks it dirty).
 function SlidingWindow.settle(key, st)
-  if st.undone and not st.keep then
+  if (st.undone or st.dirty) and not st.keep then
     CP.encode(key, st)
   end
 end

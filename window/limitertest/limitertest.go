@@ -295,6 +295,7 @@ var cases = []struct {
 		h.clock.Set(start)
 		h.want("k", 0, "back at the newest time")
 	}},
+	{"a changed limit takes effect", func(a window.Algorithm) bool { return a != window.Concurrency }, changedLimit},
 	{"windows age out", nil, func(h *harness) {
 		h.do(h.req("k", limit))
 		h.advance(length / 2)
@@ -304,4 +305,49 @@ var cases = []struct {
 		h.advance(2 * length)
 		h.admitted(h.do(h.req("k", limit))[0], 0, "two windows later")
 	}},
+}
+
+// changedLimit offers a steady 1.5 × high hits a window to a key whose
+// limit goes from low to high (a raise, as a reload or an xDS update makes
+// it) and then to low again (a cut), and the same traffic to control keys:
+// one at high all along, one created at low when the cut applies. In the
+// second window after the raise, the raised key must admit what the
+// control at high admits, less one block of a checkpoint window (it is not
+// held at the old limit); from the cut on, it must never admit more than
+// the fresh control (a key that already counts hits is no freer than a new
+// one).
+func changedLimit(h *harness) {
+	const low, high = 200, 400
+	step := length / (3 * high / 2)
+	type at struct {
+		key   string
+		limit uint64
+	}
+	offer := func(windows int, keys ...at) []int {
+		admitted := make([]int, len(keys))
+		for range windows * 3 * high / 2 {
+			reqs := make([]window.Request, len(keys))
+			for i, k := range keys {
+				reqs[i] = h.req(k.key, 1)
+				reqs[i].Limit, reqs[i].Veto = k.limit, false
+			}
+			for i, r := range h.do(reqs...) {
+				if r.Allowed {
+					admitted[i]++
+				}
+			}
+			h.advance(step)
+		}
+		return admitted
+	}
+	offer(2, at{"k", low}, at{"high", high})
+	offer(1, at{"k", high}, at{"high", high})
+	got := offer(1, at{"k", high}, at{"high", high})
+	if slack := high/window.Blocks + 1; got[0]+slack < got[1] {
+		h.t.Fatalf("the second window after a raise from %d to %d admitted %d, a key at %d all along %d", low, high, got[0], high, got[1])
+	}
+	got = offer(1, at{"k", low}, at{"low", low})
+	if got[0] > got[1] {
+		h.t.Fatalf("the window after a cut from %d to %d admitted %d, more than a key created at %d (%d)", high, low, got[0], low, got[1])
+	}
 }
