@@ -27,10 +27,10 @@ type diffKey struct {
 type diffMode int
 
 const (
-	plain   diffMode = iota
-	charged          // every request is ChargeAlways, with hits up to twice the limit
-	held             // requests name one of a few holders, or none (Concurrency)
-	relimited        // the limit changes every few batches: a quarter to three times the key's (a reload)
+	plain     diffMode = iota
+	charged            // every request is ChargeAlways, with hits up to twice the limit
+	held               // requests name one of a few holders, or none (Concurrency)
+	relimited          // the limit changes every few batches: a quarter to three times the key's (a reload)
 )
 
 // TestMatchesInMemoryStore drives the Redis store and the in-memory
