@@ -26,11 +26,15 @@
 // ambiguity: a straggler reported while a probe is outstanding is taken as
 // that probe's result; if it failed it reopens the breaker early (the safe
 // direction); if it succeeded it stands in for the probe. Once a breaker
-// has seen one tagged observation, or its feed has (the Registry marks the
-// untagged observations of a feed that has delivered ids NotProbe), the
-// header comes back with probes' outcomes, and untagged observations are
-// never taken for probes again. A probe that never reports is caught by
-// ProbeTimeout either way.
+// has seen one tagged observation, the header comes back with its probes'
+// outcomes, and its untagged observations are never taken for probes
+// again. This is decided per breaker, not per feed: where some Envoys
+// forward the header and others do not, a breaker that only the others
+// feed still closes from its probes' untagged results. (A breaker fed by
+// both kinds, once it has seen a tag, waits for the tagged results; a probe
+// that went through an Envoy that drops the header is caught by
+// ProbeTimeout.) A probe that never reports is caught by ProbeTimeout
+// either way.
 //
 // Every method that depends on time has an ...At form taking the current
 // time as a Duration since the origin of a window.Clock.
@@ -227,15 +231,15 @@ func (b *Breaker) ObserveAt(now time.Duration, o Outcome) {
 
 // takeProbe removes the outstanding probe o reports, and reports whether
 // there was one: the probe with one of o's ids, or, for an untagged outcome
-// that may be a probe's (not NotProbe, and no tagged outcome seen by this
-// breaker), the oldest (see the package documentation). b.mu is held.
+// while this breaker has seen no tagged one, the oldest (see the package
+// documentation). b.mu is held.
 func (b *Breaker) takeProbe(o Outcome) bool {
 	i := -1
 	switch {
 	case len(o.Probes) > 0:
 		b.tagged = true
 		i = slices.IndexFunc(b.probes, func(p probe) bool { return slices.Contains(o.Probes, p.id) })
-	case !b.tagged && !o.NotProbe && len(b.probes) > 0:
+	case !b.tagged && len(b.probes) > 0:
 		i = 0
 	}
 	if i < 0 {

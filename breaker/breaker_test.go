@@ -506,12 +506,11 @@ func TestLatencyPercentileTripsOnTheTail(t *testing.T) {
 }
 
 // TestProbeAttribution: an outcome carrying probe ids is the result of
-// exactly those probes; once a breaker has seen one, or its feed marks
-// untagged outcomes NotProbe, a straggler is never taken for a probe.
+// exactly those probes; once a breaker has seen one, a straggler is never
+// taken for its probe.
 // (slowConfig: open 5s, 2 probes, probe timeout 1s.)
 func TestProbeAttribution(t *testing.T) {
 	tagged := func(o Outcome, ids ...uint64) Outcome { o.Probes = ids; return o }
-	notProbe := func(o Outcome) Outcome { o.NotProbe = true; return o }
 	type step struct {
 		at      time.Duration
 		outcome *Outcome // nil: a request asks AllowProbeAt
@@ -541,9 +540,6 @@ func TestProbeAttribution(t *testing.T) {
 			o(5*s+2, fast, 1, HalfOpen), // the breaker learns its feed tags probes
 			o(5*s+3, slow, 0, HalfOpen), // a straggler: not the second probe
 			o(5*s+4, fast, 2, Closed),   // the second probe's own result
-		}},
-		{"untagged outcomes of a tagging feed decide nothing", []step{
-			ask(5*s, HalfOpen), o(5*s+1, notProbe(slow), 0, HalfOpen), o(5*s+2, fast, 1, HalfOpen),
 		}},
 		{"untagged outcomes are probes, first in first out, on a feed without tags", []step{
 			ask(5*s, HalfOpen), ask(5*s+1, HalfOpen), o(5*s+2, fast, 0, HalfOpen), o(5*s+3, fast, 0, Closed),

@@ -40,9 +40,6 @@ type Outcome struct {
 	InFlight bool
 	// Probes are the probe ids the request carried (envoyhdr.ProbeHeader), if any.
 	Probes []uint64
-	// NotProbe marks an untagged outcome known not to be a probe's result:
-	// its feed delivers probe ids with the outcomes of probes.
-	NotProbe bool
 }
 
 // Failed reports whether the outcome counts against the breaker: for

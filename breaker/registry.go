@@ -56,9 +56,6 @@ type Registry struct {
 	table     atomic.Pointer[table]
 	dedupe    *dedupe    // pairs the two Envoy feeds' reports of one request
 	overrides *overrides // operators' manual control, by rule ID
-	// tagging holds the sources that have delivered an observation with
-	// probe ids: their untagged observations are never probe results.
-	tagging sync.Map // source -> struct{}
 }
 
 type table struct {

@@ -79,13 +79,6 @@ func (r *Registry) ObserveTargetsAt(targets []Target, obs Observation, now time.
 		return
 	}
 	o := obs.outcome()
-	if len(o.Probes) > 0 {
-		r.tagging.LoadOrStore(obs.Source, struct{}{})
-	} else if _, ok := r.tagging.Load(obs.Source); ok {
-		// This feed carries probe ids, and this observation has none: the
-		// request was not a probe.
-		o.NotProbe = true
-	}
 	for _, t := range targets {
 		if !o.Aborted && !o.InFlight {
 			t.rb.hist.Observe(o.ResponseTime.Seconds())

@@ -35,9 +35,9 @@ func accessLogger(t *testing.T, e *breakerEnv, cluster string) func(status uint3
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := observations(t, e, breaker.SourceALS)
 	return func(status uint32, probe string) {
 		t.Helper()
+		sent := observations(t, e, breaker.SourceALS) + 1
 		entry := httpEntry("", cluster, status, time.Millisecond, time.Millisecond, nil)
 		if probe != "" {
 			entry.Request.RequestHeaders[envoyhdr.ProbeHeader] = probe
@@ -46,7 +46,6 @@ func accessLogger(t *testing.T, e *breakerEnv, cluster string) func(status uint3
 			HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: []*accesslogdatav3.HTTPAccessLogEntry{entry}}}}); err != nil {
 			t.Fatal(err)
 		}
-		sent++
 		e.eventually("the access-log entry", func() bool { return observations(t, e, breaker.SourceALS) == sent })
 	}
 }
@@ -191,5 +190,43 @@ func TestRampThroughTheAccessLog(t *testing.T) {
 	e.clock.Advance(3 * time.Second) // the ramp is over
 	if n := admitted(100); n != 100 {
 		t.Errorf("after the ramp %d of 100 admitted, want all", n)
+	}
+}
+
+// TestProbeMixedFleet: some Envoys forward x-leapgate-probe and others do
+// not. A breaker whose probe came back tagged through the access-log feed
+// (orders) says nothing about another breaker fed by an Envoy that drops
+// the header (backoff): that one still takes its untagged probe's success
+// as the probe's result and closes, rather than waiting for probe_timeout
+// and reopening for a doubled period while the upstream is healthy.
+func TestProbeMixedFleet(t *testing.T) {
+	e := newBreakerEnv(t)
+	forwards, drops := accessLogger(t, e, "orders"), accessLogger(t, e, "backoff")
+	state := func(rule string) breaker.State { return e.stats(rule).State }
+	probe := func(cluster string) string {
+		t.Helper()
+		resp := e.shouldRateLimit("destination_cluster", cluster)
+		e.expectCode(resp, rlsv3.RateLimitResponse_OK, 0)
+		return probeHeader(resp)
+	}
+
+	forwards(503, "")
+	forwards(503, "")
+	drops(503, "")
+	if state(ordersRule) != breaker.Open || state(backoffRule) != breaker.Open {
+		t.Fatalf("orders %v, backoff %v, want both open", state(ordersRule), state(backoffRule))
+	}
+	e.clock.Advance(5 * time.Second) // both open_durations
+	forwards(200, probe("orders"))
+	if got := state(ordersRule); got != breaker.Closed {
+		t.Fatalf("orders after its tagged probe succeeded: %v, want closed", got)
+	}
+	probe("backoff")
+	if got := state(backoffRule); got != breaker.HalfOpen {
+		t.Fatalf("backoff after its probe was admitted: %v, want half-open", got)
+	}
+	drops(200, "") // the same feed, an Envoy that does not log the header
+	if got := state(backoffRule); got != breaker.Closed {
+		t.Fatalf("backoff after its untagged probe succeeded: %v, want closed", got)
 	}
 }
