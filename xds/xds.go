@@ -17,7 +17,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	sotw "github.com/envoyproxy/go-control-plane/pkg/client/sotw/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -177,15 +177,15 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, rec
 	if len(opts.Headers) > 0 {
 		streamCtx = metadata.NewOutgoingContext(streamCtx, metadata.New(opts.Headers))
 	}
-	client := sotw.NewADSClient(streamCtx, node, TypeURL)
-	if err := client.InitConnect(conn); err != nil {
+	client, err := openADS(streamCtx, conn, node)
+	if err != nil {
 		return false, false, fmt.Errorf("opening ADS stream to %s: %w", opts.ServerURL, err)
 	}
 	logger.Info("xds stream open", "server", opts.ServerURL, "node", opts.NodeID)
 	var lastRejected string
 	var repeatDelay time.Duration
 	for {
-		resp, err := client.Fetch()
+		resp, err := client.recv()
 		if err != nil {
 			// A stream the server never answered did not really open
 			// (an unreachable or refusing server fails here, not above).
@@ -217,23 +217,28 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, rec
 			} else {
 				lastRejected, repeatDelay = err.Error(), 0
 			}
-			if err := client.Nack(err.Error()); err != nil {
+			if err := client.nack(err.Error()); err != nil {
 				return true, received, fmt.Errorf("sending NACK: %w", err)
 			}
 			continue
 		}
 		lastRejected, repeatDelay = "", 0
-		logger.Info("xds rules applied", "resources", len(resp.Resources))
-		if err := client.Ack(); err != nil {
+		logger.Info("xds rules applied", "version", resp.GetVersionInfo(), "resources", len(resp.GetResources()))
+		if err := client.ack(resp.GetVersionInfo()); err != nil {
 			return true, received, fmt.Errorf("sending ACK: %w", err)
 		}
 	}
 }
 
-// convert unpacks and validates one state-of-the-world response.
-func convert(resp *sotw.Response, opts descriptors.Options) (*descriptors.Set, error) {
-	cfgs := make([]*rlsconfv3.RateLimitConfig, 0, len(resp.Resources))
-	for i, res := range resp.Resources {
+// convert unpacks and validates one state-of-the-world response: of
+// TypeURL (a response of another type is refused, not read as an empty
+// rule set), every resource a RateLimitConfig.
+func convert(resp *discoveryv3.DiscoveryResponse, opts descriptors.Options) (*descriptors.Set, error) {
+	if got := resp.GetTypeUrl(); got != TypeURL {
+		return nil, fmt.Errorf("a response of type %q on a subscription to %s", got, TypeURL)
+	}
+	cfgs := make([]*rlsconfv3.RateLimitConfig, 0, len(resp.GetResources()))
+	for i, res := range resp.GetResources() {
 		cfg := &rlsconfv3.RateLimitConfig{}
 		if err := res.UnmarshalTo(cfg); err != nil {
 			return nil, fmt.Errorf("resource %d (%s): %w", i, res.GetTypeUrl(), err)
