@@ -328,6 +328,16 @@ func (b *Breaker) rampAllow(now time.Duration) (ok bool, id uint64, retryAfter t
 	return false, 0, max(min(at, until)-now, time.Nanosecond)
 }
 
+// abandoned reports whether b, open or half-open, has had no observation
+// for longer than its longest open period plus ProbeTimeout. A breaker
+// whose upstream still gets requests has one by then: the open period ends,
+// the next request is a probe, and its outcome is observed. So an
+// abandoned breaker belongs to a value nobody sends any more (or forged
+// once): its slot may be reclaimed.
+func (b *Breaker) abandoned(now time.Duration) bool {
+	return now-time.Duration(b.seen.Load()) > max(b.cfg.MaxOpenDuration, b.cfg.OpenDuration)+b.cfg.ProbeTimeout
+}
+
 // Steady reports whether the breaker is closed with no ramp in progress:
 // then every request passes, without reading the clock.
 func (b *Breaker) Steady() bool {

@@ -32,7 +32,10 @@ type Options struct {
 	// a new value takes the slot of the closed breaker observed least
 	// recently (counted in leapgate_breaker_reclaimed_total), so values
 	// seen once cannot squat the slots; when every breaker is open or
-	// half-open, the new value's observation is dropped and counted.
+	// half-open, that of an abandoned one (Breaker.abandoned: no
+	// observation for its longest open period and a probe timeout, which a
+	// breaker whose upstream still gets traffic would have had), else the
+	// new value's observation is dropped and counted.
 	MaxBreakersPerRule int
 	// MaxStateSeriesPerRule caps the per-value breakers of one rule
 	// exported as state gauge series (default 100). Only rules with
@@ -305,17 +308,21 @@ func (rb *ruleBreakers) resource(values []descriptors.Entry) string {
 	return resource.String()
 }
 
-// idlest returns the key of the closed breaker of m observed least
-// recently; false if every breaker is open or half-open. rb.mu is held.
+// idlest returns the key of the breaker of m to reclaim: the closed one
+// observed least recently, or, when every breaker is open or half-open,
+// the abandoned one observed least recently; false if there is neither.
+// rb.mu is held.
 func (rb *ruleBreakers) idlest(m map[string]*Breaker) (string, bool) {
-	key, found := "", false
+	now := rb.reg.clock.Now()
+	key, found, closed := "", false, false
 	var oldest int64
 	for k, b := range m {
-		if b.State() != Closed {
+		isClosed := b.State() == Closed
+		if !isClosed && (closed || !b.abandoned(now)) {
 			continue
 		}
-		if seen := b.seen.Load(); !found || seen < oldest {
-			key, oldest, found = k, seen, true
+		if seen := b.seen.Load(); !found || (isClosed && !closed) || seen < oldest {
+			key, oldest, found, closed = k, seen, true, isClosed
 		}
 	}
 	return key, found

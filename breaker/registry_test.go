@@ -255,6 +255,53 @@ func TestMaxBreakersPerRule(t *testing.T) {
 	}
 }
 
+// At the cap with every breaker open, forged values that nobody sends any
+// more do not hold their slots for good: once a breaker has had no
+// observation for its longest open period and a probe timeout (which a
+// live upstream's would have had: its probe's outcome), a new value takes
+// its slot. A breaker observed within that time keeps its slot.
+func TestAbandonedOpenBreakersAreReclaimed(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, clock, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, Metrics: reg})
+	const rule = "breaker.destination_cluster"
+	errorsFrom := func(cluster string, n int) {
+		for range n {
+			r.Observe(Observation{Cluster: cluster, Status: 500})
+		}
+	}
+	isOpen := func(cluster string) bool {
+		ok, _ := allow(t, r, set, "destination_cluster", cluster)
+		return !ok
+	}
+	errorsFrom("junk-1", 2)
+	errorsFrom("junk-2", 2)
+	errorsFrom("inventory", 2)
+	if isOpen("inventory") || testutil.ToFloat64(r.metrics.dropped.WithLabelValues(rule)) != 2 {
+		t.Fatal("with every slot open and freshly observed, a new value was not dropped")
+	}
+	// open_duration 5s, probe_timeout 5s: 10s without an observation is
+	// abandonment. junk-2 is observed again just before.
+	clock.Advance(9 * s)
+	errorsFrom("junk-2", 1)
+	clock.Advance(1*s + 1)
+	errorsFrom("inventory", 2)
+	if !isOpen("inventory") {
+		t.Fatal("inventory did not get a slot: abandoned open breakers squat them")
+	}
+	var resources []string
+	for _, b := range r.Snapshot() {
+		if b.Rule == rule {
+			resources = append(resources, b.Resource)
+		}
+	}
+	if got := strings.Join(resources, " "); got != "destination_cluster=inventory destination_cluster=junk-2" {
+		t.Errorf("breakers of %s: %q, want junk-1's slot reclaimed and junk-2's (observed 1s ago) kept", rule, got)
+	}
+	if got := testutil.ToFloat64(r.metrics.reclaimed.WithLabelValues(rule)); got != 1 {
+		t.Errorf("reclaimed = %v, want 1", got)
+	}
+}
+
 // With detailed_metric, per-value breakers export state series, at most
 // MaxStateSeriesPerRule, with values shown as in metric keys; a reclaimed
 // breaker's series goes with it.

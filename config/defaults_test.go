@@ -41,6 +41,8 @@ var documentedDefaults = map[string]string{
 	"GRPC_REFLECTION":                               "true",
 	"GRPC_MAX_CONCURRENT_STREAMS":                   "1024",
 	"MAX_OBSERVATION_STREAMS":                       "16384",
+	"MAX_OBSERVATION_STREAMS_PER_PEER":              "4096",
+	"FEED_ALLOW_ANY_PEER":                           "false",
 	"OBSERVATION_STREAM_IDLE_TIMEOUT":               "10m",
 	"HTTP_READ_TIMEOUT":                             "10s",
 	"HTTP_WRITE_TIMEOUT":                            "10s",

@@ -82,6 +82,24 @@ type Settings struct {
 	// stream per request in flight, so size it for the mesh's concurrent
 	// requests (an idle stream costs about 12 KiB).
 	MaxObservationStreams int `envconfig:"MAX_OBSERVATION_STREAMS" default:"16384"`
+	// MaxObservationStreamsPerPeer is the most of those streams one peer
+	// (one IP address; every Unix-socket client is one peer) may hold, so
+	// that one client cannot take every stream and blind the breakers.
+	MaxObservationStreamsPerPeer int `envconfig:"MAX_OBSERVATION_STREAMS_PER_PEER" default:"4096"`
+	// FeedToken, when set, is the shared secret a peer needs to feed the
+	// breakers: every ext_proc or access-log stream must carry the gRPC
+	// metadata "authorization: Bearer <token>" (Envoy's grpc_service
+	// initial_metadata), from loopback too (behind a sidecar every peer is
+	// loopback). Without it, a feed stream is accepted only from a loopback
+	// or Unix-socket peer. A peer with a verified client certificate
+	// (mutual TLS, GRPC_CLIENT_TLS_CACERT) is accepted either way. Any
+	// other is refused with UNAUTHENTICATED, since observations open and
+	// close breakers.
+	FeedToken string `envconfig:"FEED_TOKEN" secret:"true"`
+	// FeedAllowAnyPeer accepts feed streams from any peer without a token:
+	// only for a gRPC port that nothing but Envoy can reach (a warning at
+	// start-up says so).
+	FeedAllowAnyPeer bool `envconfig:"FEED_ALLOW_ANY_PEER" default:"false"`
 	// ObservationStreamIdleTimeout closes an ext_proc or access-log stream
 	// that has sent nothing for this long (DEADLINE_EXCEEDED, counted in
 	// leapgate_observation_streams_idle_closed_total).

@@ -25,6 +25,9 @@ func (s Settings) Validate() error {
 	if s.ReportToken == "" && !isLoopback(s.ReportHost) {
 		bad("REPORT_HOST", "%q is not a loopback address: set REPORT_TOKEN, or anyone who reaches the port can open circuit breakers", s.ReportHost)
 	}
+	if s.FeedAllowAnyPeer && s.FeedToken != "" {
+		bad("FEED_ALLOW_ANY_PEER", "true with FEED_TOKEN set: the token would not be required; set one or the other")
+	}
 	if s.UsePrometheus {
 		if _, _, err := net.SplitHostPort(s.PrometheusAddr); err != nil {
 			bad("PROMETHEUS_ADDR", "%q is not host:port: %v", s.PrometheusAddr, err)
@@ -52,6 +55,7 @@ func (s Settings) Validate() error {
 		name string
 		v    int
 	}{{"GRPC_MAX_CONCURRENT_STREAMS", s.GRPCMaxConcurrentStreams}, {"MAX_OBSERVATION_STREAMS", s.MaxObservationStreams},
+		{"MAX_OBSERVATION_STREAMS_PER_PEER", s.MaxObservationStreamsPerPeer},
 		{"HTTP_MAX_CONNECTIONS", s.HTTPMaxConnections}} {
 		if n.v < 1 {
 			bad(n.name, "must be at least 1, got %d", n.v)

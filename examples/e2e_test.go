@@ -33,6 +33,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
@@ -64,8 +65,9 @@ func (s *syncBuffer) String() string {
 
 // startLeapgate builds cmd/ratelimit and runs it with in-memory counters
 // and the rules in root/sub/app (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
-// RUNTIME_APPDIRECTORY).
-func startLeapgate(t *testing.T, root, sub, app string) *leapgateProcess {
+// RUNTIME_APPDIRECTORY), and env (NAME=value) on top. GRPCAddr is its
+// gRPC listener on loopback.
+func startLeapgate(t *testing.T, root, sub, app string, env ...string) *leapgateProcess {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ratelimit")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/ratelimit")
@@ -93,6 +95,7 @@ func startLeapgate(t *testing.T, root, sub, app string) *leapgateProcess {
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=" + sub, "RUNTIME_APPDIRECTORY=" + app,
 		"BACKEND_TYPE=memory", "LOG_LEVEL=debug",
 	}
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -305,7 +308,13 @@ func (e *fakeEnvoy) startExtProc(ctx context.Context, req downstream, requestID 
 	for k, v := range req.Headers {
 		headers[k] = v
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	// Envoy sends the grpc_service's initial_metadata (the FEED_TOKEN)
+	// with every stream.
+	md := metadata.MD{}
+	for _, kv := range ep.GetGrpcService().GetInitialMetadata() {
+		md.Append(kv.GetKey(), kv.GetValue())
+	}
+	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
 	s, err := e.ep.Process(ctx)
 	if err != nil {
 		cancel()

@@ -366,9 +366,11 @@ func checkBreakersReachable(set *descriptors.Set, routes, clusters []string) err
 
 // checkExtProc reports ext_proc filters that would not give Leapgate what
 // the breakers need: observability mode, request and response headers, and
-// the route and cluster attributes. With breakers (rules that have one) a
-// config without ext_proc is an error too: they would get no timings.
-func checkExtProc(f *envoyFacts, breakers bool) error {
+// the route and cluster attributes; and, with token, feeds (ext_proc, the
+// gRPC access log) that do not send a FEED_TOKEN. With breakers (rules
+// that have one) a config without ext_proc is an error too: they would get
+// no timings.
+func checkExtProc(f *envoyFacts, breakers, token bool) error {
 	var errs []error
 	if len(f.ExtProcs) == 0 && breakers {
 		errs = append(errs, errors.New("no ext_proc filter: the breakers would get no timings"))
@@ -389,8 +391,28 @@ func checkExtProc(f *envoyFacts, breakers bool) error {
 				errs = append(errs, fmt.Errorf("ext_proc does not request attribute %s", attr))
 			}
 		}
+		if token && feedToken(ep.GetGrpcService()) == "" {
+			errs = append(errs, errors.New("ext_proc sends no \"authorization: Bearer <FEED_TOKEN>\" initial_metadata: Leapgate refuses breaker feeds from another host without it"))
+		}
+	}
+	for _, al := range f.AccessLogs {
+		if token && feedToken(al.GetCommonConfig().GetGrpcService()) == "" {
+			errs = append(errs, errors.New("the gRPC access log sends no \"authorization: Bearer <FEED_TOKEN>\" initial_metadata: Leapgate refuses breaker feeds from another host without it"))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// feedToken returns the FEED_TOKEN a gRPC service sends Leapgate, the
+// token of its "authorization: Bearer <token>" initial_metadata, or "".
+func feedToken(gs *corev3.GrpcService) string {
+	for _, kv := range gs.GetInitialMetadata() {
+		scheme, token, ok := strings.Cut(kv.GetValue(), " ")
+		if strings.EqualFold(kv.GetKey(), "authorization") && ok && strings.EqualFold(scheme, "Bearer") && token != "" {
+			return token
+		}
+	}
+	return ""
 }
 
 // checkBootstrap is the whole offline validation of an Envoy bootstrap and
@@ -405,7 +427,7 @@ func checkBootstrap(data []byte, set *descriptors.Set) (*envoyFacts, error) {
 		return f, err
 	}
 	var errs []error
-	errs = append(errs, checkClusterRefs(f), checkExtProc(f, hasBreakers(set)))
+	errs = append(errs, checkClusterRefs(f), checkExtProc(f, hasBreakers(set), true))
 	var routeNames []string
 	for _, r := range f.Routes {
 		if r.GetName() == "" {

@@ -243,7 +243,10 @@ func istioExample(files map[string][]byte) (*istioGateway, error) {
 			}
 		}
 	}
-	if err := checkExtProc(f, true); err != nil {
+	// Behind the sidecar every peer is loopback, and Istio's access-log
+	// provider cannot send metadata: the mesh's AuthorizationPolicy, not
+	// FEED_TOKEN, says who may feed (checked below).
+	if err := checkExtProc(f, true, false); err != nil {
 		errs = append(errs, err)
 	}
 	checkGRPC := func(what, host string, port int) {
@@ -280,7 +283,10 @@ func istioExample(files map[string][]byte) (*istioGateway, error) {
 	rds, err := routeDescriptors(f, nil)
 	errs = append(errs, err, checkRules(set, f, rds), checkBreakersReachable(set, vsRoutes, vsClusters))
 
-	// Deployment wiring and the ALS provider.
+	// Deployment wiring, who may feed the breakers, and the ALS provider.
+	if err := checkFeedPolicy(objs); err != nil {
+		errs = append(errs, err)
+	}
 	for _, o := range objs {
 		switch o.Kind {
 		case "Deployment":
@@ -409,4 +415,37 @@ func TestIstioValidatorCatchesBreakage(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(istioDir, "envoyfilter.yaml")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// feedPaths are the gRPC paths of the services that feed the breakers.
+var feedPaths = []string{"/envoy.service.accesslog.v3.AccessLogService/*", "/envoy.service.ext_proc.v3.ExternalProcessor/*"}
+
+// checkFeedPolicy requires, when Leapgate runs without FEED_TOKEN behind
+// the sidecar (where every peer is loopback), an AuthorizationPolicy on
+// its pods that denies both feed services to every principal but the
+// ingress gateway's, and leaves the rate-limit service alone.
+func checkFeedPolicy(objs []k8sObject) error {
+	for _, o := range objs {
+		if o.Kind != "AuthorizationPolicy" || str(get(o.Spec, "selector", "matchLabels", "app")) != "leapgate" || str(get(o.Spec, "action")) != "DENY" {
+			continue
+		}
+		rules, _ := get(o.Spec, "rules").([]any)
+		for _, r := range rules {
+			var not []string
+			principals, _ := get(r, "from", 0, "source", "notPrincipals").([]any)
+			for _, p := range principals {
+				not = append(not, str(p))
+			}
+			var paths []string
+			ops, _ := get(r, "to", 0, "operation", "paths").([]any)
+			for _, p := range ops {
+				paths = append(paths, str(p))
+			}
+			slices.Sort(paths)
+			if len(not) == 1 && strings.HasSuffix(not[0], "/sa/istio-ingressgateway-service-account") && slices.Equal(paths, feedPaths) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("no AuthorizationPolicy on app=leapgate denies %v to every principal but the ingress gateway's: any workload could open breakers", feedPaths)
 }

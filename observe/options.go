@@ -41,22 +41,24 @@ const StreamBudget = "observation"
 
 // ExtProcService returns NewExtProc(opts) as the server hosts it:
 // envoy.service.ext_proc.v3.ExternalProcessor, its streams under
-// StreamBudget and opts.StreamIdle.
+// StreamBudget and opts.StreamIdle, open only to trusted peers (they feed
+// the breakers).
 func ExtProcService(opts Options) grpcservice.Service {
 	p := NewExtProc(opts)
 	return grpcservice.Service{
 		Register: func(r grpc.ServiceRegistrar) { extprocv3.RegisterExternalProcessorServer(r, p) },
-		Streams:  grpcservice.StreamPolicy{Budget: StreamBudget, Idle: opts.StreamIdle},
+		Streams:  grpcservice.StreamPolicy{Budget: StreamBudget, Idle: opts.StreamIdle, Trusted: true},
 	}
 }
 
 // AccessLogService returns NewAccessLog(opts) as the server hosts it:
 // envoy.service.accesslog.v3.AccessLogService, its streams under
-// StreamBudget and opts.StreamIdle.
+// StreamBudget and opts.StreamIdle, open only to trusted peers (they feed
+// the breakers).
 func AccessLogService(opts Options) grpcservice.Service {
 	a := NewAccessLog(opts)
 	return grpcservice.Service{
 		Register: func(r grpc.ServiceRegistrar) { accesslogv3.RegisterAccessLogServiceServer(r, a) },
-		Streams:  grpcservice.StreamPolicy{Budget: StreamBudget, Idle: opts.StreamIdle},
+		Streams:  grpcservice.StreamPolicy{Budget: StreamBudget, Idle: opts.StreamIdle, Trusted: true},
 	}
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -47,15 +46,15 @@ func (s *Server) reportHandler() http.Handler {
 }
 
 // requireBearer passes to h only requests whose Authorization header is
-// "Bearer <token>" (compared in constant time), answering 401 otherwise; an
-// empty token lets every request through.
+// "Bearer <token>" (bearerMatches: the scheme in any case, the token
+// compared in constant time), answering 401 otherwise; an empty token lets
+// every request through.
 func requireBearer(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
-	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		if !bearerMatches(r.Header.Get("Authorization"), token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leapgate report"`)
 			http.Error(w, "report: missing or wrong bearer token", http.StatusUnauthorized)
 			return

@@ -208,7 +208,10 @@ func (s *Server) buildGRPC() error {
 	}
 	budgets := []streamBudget{{
 		name: observe.StreamBudget, what: "ext_proc and access-log", max: s.settings.MaxObservationStreams,
-		setting: "MAX_OBSERVATION_STREAMS", idleSetting: "OBSERVATION_STREAM_IDLE_TIMEOUT",
+		perPeer: s.settings.MaxObservationStreamsPerPeer,
+		trust:   peerTrust{token: s.settings.FeedToken, anyPeer: s.settings.FeedAllowAnyPeer},
+		setting: "MAX_OBSERVATION_STREAMS", peerSetting: "MAX_OBSERVATION_STREAMS_PER_PEER",
+		idleSetting: "OBSERVATION_STREAM_IDLE_TIMEOUT",
 	}}
 	streams, err := registerServices(s.grpc, services, budgets, s.registry, s.metrics)
 	if err != nil {
@@ -327,7 +330,10 @@ func (s *Server) Run(ctx context.Context) error {
 	s.logger.Info("serving", "version", build.Version, "commit", build.Commit, "go", build.GoVersion,
 		"grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(), "debug", s.DebugAddr().String(),
 		"report", s.ReportAddr().String(), "report_token", s.settings.ReportToken != "",
-		"tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())
+		"feeds", peerTrust{token: s.settings.FeedToken, anyPeer: s.settings.FeedAllowAnyPeer}.describe(s.settings.GRPCClientTLSCACert != ""), "tls", s.settings.GRPCServerUseTLS, "backend", s.settings.BackendType, "rule_dir", s.settings.ConfigDir())
+	if s.settings.FeedAllowAnyPeer {
+		s.logger.Warn("FEED_ALLOW_ANY_PEER=true: any peer that reaches the gRPC port can open and close circuit breakers; set FEED_TOKEN or use mutual TLS unless only Envoy can reach it")
+	}
 
 	errc := make(chan error, 5)
 	serve := func(name string, fn func() error) {

@@ -38,7 +38,7 @@ func registerServices(srv *grpc.Server, services []grpcservice.Service, budgets 
 				method := "/" + d.ServiceName + "/" + sd.StreamName
 				m.panics.WithLabelValues(method)
 				if guard != nil {
-					streams[method] = guardedMethod{guard: guard, idle: svc.Streams.Idle}
+					streams[method] = guardedMethod{guard: guard, idle: svc.Streams.Idle, trusted: svc.Streams.Trusted}
 				}
 			}
 		}

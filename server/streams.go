@@ -22,13 +22,23 @@ import (
 // closes each once it has received nothing for its service's idle time.
 type streamGuard struct {
 	max int64
-	// setting and idleSetting name the settings of the budget's size and
-	// idle time, in refusals.
-	setting, idleSetting string
+	// perPeer is the most streams one peer (peerKey) may hold.
+	perPeer int64
+	// trust decides who may open the streams of a Trusted service.
+	trust peerTrust
+	// setting, peerSetting and idleSetting name the settings of the
+	// budget's size, its share per peer and its idle time, in refusals.
+	setting, peerSetting, idleSetting string
 
-	open       atomic.Int64
-	refused    prometheus.Counter
-	idleClosed prometheus.Counter
+	open atomic.Int64
+	mu   sync.Mutex
+	// peers counts the open streams of each peer that holds one.
+	peers map[string]int64
+
+	refused         prometheus.Counter
+	refusedPerPeer  prometheus.Counter
+	unauthenticated prometheus.Counter
+	idleClosed      prometheus.Counter
 }
 
 // streamBudget is a budget the server sizes from its settings.
@@ -39,25 +49,42 @@ type streamBudget struct {
 	// what names the streams in the metrics' help.
 	what string
 	max  int
-	// setting and idleSetting name the settings of its size and idle time.
-	setting, idleSetting string
+	// perPeer is the most streams one peer may hold.
+	perPeer int
+	// trust decides who may open the streams of a Trusted service.
+	trust peerTrust
+	// setting, peerSetting and idleSetting name the settings of its size,
+	// its share per peer and its idle time.
+	setting, peerSetting, idleSetting string
 }
 
 func newStreamGuard(b streamBudget, reg prometheus.Registerer) *streamGuard {
 	g := &streamGuard{
 		max:         int64(b.max),
+		perPeer:     int64(b.perPeer),
+		trust:       b.trust,
 		setting:     b.setting,
+		peerSetting: b.peerSetting,
 		idleSetting: b.idleSetting,
+		peers:       map[string]int64{},
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leapgate_" + b.name + "_streams_refused_total",
 			Help: b.what + " streams refused (RESOURCE_EXHAUSTED) because " + b.setting + " were open.",
+		}),
+		refusedPerPeer: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_" + b.name + "_streams_refused_per_peer_total",
+			Help: b.what + " streams refused (RESOURCE_EXHAUSTED) because their peer held " + b.peerSetting + ".",
+		}),
+		unauthenticated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_" + b.name + "_streams_unauthenticated_total",
+			Help: b.what + " streams refused (UNAUTHENTICATED) from a peer not trusted to open them (no FEED_TOKEN, not loopback, no mutual TLS).",
 		}),
 		idleClosed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leapgate_" + b.name + "_streams_idle_closed_total",
 			Help: b.what + " streams closed (DEADLINE_EXCEEDED) after " + b.idleSetting + " without a message.",
 		}),
 	}
-	reg.MustRegister(g.refused, g.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	reg.MustRegister(g.refused, g.refusedPerPeer, g.unauthenticated, g.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "leapgate_" + b.name + "_streams",
 		Help: b.what + " streams open now.",
 	}, func() float64 { return float64(g.open.Load()) }))
@@ -65,10 +92,11 @@ func newStreamGuard(b streamBudget, reg prometheus.Registerer) *streamGuard {
 }
 
 // guardedMethod is a streaming method under a budget, with its service's
-// idle time.
+// idle time, open only to trusted peers when trusted is set.
 type guardedMethod struct {
-	guard *streamGuard
-	idle  time.Duration
+	guard   *streamGuard
+	idle    time.Duration
+	trusted bool
 }
 
 // errStreamClosed is what a guarded stream's sends return once the guard
@@ -81,12 +109,24 @@ var errStreamClosed = errors.New("stream closed by the server")
 // stream, and the pending RecvMsg fails, which makes the handler return.
 func (m guardedMethod) serve(ss grpc.ServerStream, handler func(grpc.ServerStream) error) error {
 	g := m.guard
+	if m.trusted {
+		if err := g.trust.check(ss.Context()); err != nil {
+			g.unauthenticated.Inc()
+			return err
+		}
+	}
 	if g.open.Add(1) > g.max {
 		g.open.Add(-1)
 		g.refused.Inc()
 		return status.Errorf(codes.ResourceExhausted, "%d streams of this kind are open, the most this server takes (%s)", g.max, g.setting)
 	}
 	defer g.open.Add(-1)
+	key := peerKey(ss.Context())
+	if !g.takePeer(key) {
+		g.refusedPerPeer.Inc()
+		return status.Errorf(codes.ResourceExhausted, "this peer holds %d streams of this kind, the most one peer may (%s)", g.perPeer, g.peerSetting)
+	}
+	defer g.releasePeer(key)
 	gs := &guardedStream{ServerStream: ss, received: make(chan struct{}, 1)}
 	done := make(chan error, 1)
 	go func() { done <- handler(gs) }()
@@ -106,6 +146,27 @@ func (m guardedMethod) serve(ss grpc.ServerStream, handler func(grpc.ServerStrea
 			g.idleClosed.Inc()
 			return status.Errorf(codes.DeadlineExceeded, "stream sent nothing for %v (%s)", m.idle, g.idleSetting)
 		}
+	}
+}
+
+// takePeer counts one more stream of peer key, unless it holds perPeer.
+func (g *streamGuard) takePeer(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.perPeer > 0 && g.peers[key] >= g.perPeer {
+		return false
+	}
+	g.peers[key]++
+	return true
+}
+
+// releasePeer counts one stream of peer key fewer, forgetting a peer that
+// holds none (the map holds only peers with open streams).
+func (g *streamGuard) releasePeer(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.peers[key]--; g.peers[key] <= 0 {
+		delete(g.peers, key)
 	}
 }
 

@@ -40,6 +40,13 @@ type StreamPolicy struct {
 	// Idle ends a stream that has received nothing for this long
 	// (DEADLINE_EXCEEDED); 0 never does. Only for a stream with a Budget.
 	Idle time.Duration
+	// Trusted, when set, admits the streams only from a peer the server
+	// trusts (UNAUTHENTICATED otherwise, before the stream counts against
+	// its budget): for streams whose messages change shared state, as
+	// observations open and close circuit breakers. The server decides who
+	// is trusted (docs/operations.md, "Who may call what"). Only for a
+	// stream with a Budget.
+	Trusted bool
 }
 
 // RawMessage is a message that Codec leaves undecoded: Bytes is its wire

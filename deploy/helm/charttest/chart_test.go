@@ -40,11 +40,21 @@ type objects struct {
 	deployment     *appsv1.Deployment
 	service        *corev1.Service
 	configMap      *corev1.ConfigMap
-	secret         *corev1.Secret
+	secrets        []*corev1.Secret
 	serviceAccount *corev1.ServiceAccount
 	pdb            *policyv1.PodDisruptionBudget
 	hpa            *autoscalingv2.HorizontalPodAutoscaler
 	serviceMonitor *monitoringv1.ServiceMonitor
+}
+
+// secret returns the rendered Secret that holds key, nil if none does.
+func (o objects) secret(key string) *corev1.Secret {
+	for _, s := range o.secrets {
+		if _, ok := s.StringData[key]; ok {
+			return s
+		}
+	}
+	return nil
 }
 
 // render runs helm template with the --set values and decodes every object
@@ -83,8 +93,9 @@ func render(t *testing.T, sets ...string) objects {
 			o.configMap = new(corev1.ConfigMap)
 			into = o.configMap
 		case "v1 Secret":
-			o.secret = new(corev1.Secret)
-			into = o.secret
+			sec := new(corev1.Secret)
+			o.secrets = append(o.secrets, sec)
+			into = sec
 		case "v1 ServiceAccount":
 			o.serviceAccount = new(corev1.ServiceAccount)
 			into = o.serviceAccount
@@ -212,7 +223,7 @@ func TestDefaults(t *testing.T) {
 	if o.pdb == nil || o.pdb.Spec.MinAvailable == nil || o.pdb.Spec.MinAvailable.IntValue() != 1 {
 		t.Errorf("PodDisruptionBudget %+v, want minAvailable 1", o.pdb)
 	}
-	if o.secret != nil || o.hpa != nil || o.serviceMonitor != nil {
+	if len(o.secrets) != 0 || o.hpa != nil || o.serviceMonitor != nil {
 		t.Error("optional objects rendered by default")
 	}
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
@@ -232,21 +243,41 @@ func TestValuesSwitches(t *testing.T) {
 				if e["BACKEND_TYPE"].Value != "redis" || e["REDIS_URL"].Value != "redis.edge:6379" || e["REDIS_FAILURE_MODE"].Value != "local" {
 					t.Errorf("redis env %v", e)
 				}
-				ref := e["REDIS_AUTH"].ValueFrom
-				if o.secret == nil || o.secret.StringData["REDIS_AUTH"] != "s3cret" || ref == nil || ref.SecretKeyRef.Name != o.secret.Name || e["REDIS_AUTH"].Value != "" {
-					t.Errorf("REDIS_AUTH %+v from Secret %+v: want a secretKeyRef to the chart's Secret, never the value in the Deployment", e["REDIS_AUTH"], o.secret)
+				ref, sec := e["REDIS_AUTH"].ValueFrom, o.secret("REDIS_AUTH")
+				if sec == nil || sec.StringData["REDIS_AUTH"] != "s3cret" || ref == nil || ref.SecretKeyRef.Name != sec.Name || e["REDIS_AUTH"].Value != "" {
+					t.Errorf("REDIS_AUTH %+v from Secret %+v: want a secretKeyRef to the chart's Secret, never the value in the Deployment", e["REDIS_AUTH"], sec)
 				}
 			}},
 		{"redis with an existing Secret", []string{"redis.enabled=true", "redis.existingSecret=my-redis"},
 			func(t *testing.T, o objects) {
-				if ref := env(o.deployment)["REDIS_AUTH"].ValueFrom; o.secret != nil || ref == nil || ref.SecretKeyRef.Name != "my-redis" {
-					t.Errorf("REDIS_AUTH from %+v, Secret rendered %v", ref, o.secret != nil)
+				if ref := env(o.deployment)["REDIS_AUTH"].ValueFrom; len(o.secrets) != 0 || ref == nil || ref.SecretKeyRef.Name != "my-redis" {
+					t.Errorf("REDIS_AUTH from %+v, Secrets rendered %d", ref, len(o.secrets))
 				}
 			}},
 		{"redis without a password", []string{"redis.enabled=true"},
 			func(t *testing.T, o objects) {
-				if _, ok := env(o.deployment)["REDIS_AUTH"]; ok || o.secret != nil {
+				if _, ok := env(o.deployment)["REDIS_AUTH"]; ok || len(o.secrets) != 0 {
 					t.Error("REDIS_AUTH set without a password")
+				}
+			}},
+		{"feed token: a Secret, FEED_TOKEN from it", []string{"feeds.token=f33d"},
+			func(t *testing.T, o objects) {
+				e := env(o.deployment)
+				ref, sec := e["FEED_TOKEN"].ValueFrom, o.secret("FEED_TOKEN")
+				if sec == nil || sec.StringData["FEED_TOKEN"] != "f33d" || ref == nil || ref.SecretKeyRef.Name != sec.Name || ref.SecretKeyRef.Key != "FEED_TOKEN" || e["FEED_TOKEN"].Value != "" {
+					t.Errorf("FEED_TOKEN %+v from Secret %+v: want a secretKeyRef to the chart's Secret, never the value in the Deployment", e["FEED_TOKEN"], sec)
+				}
+			}},
+		{"feed token from an existing Secret", []string{"feeds.existingSecret=envoy-feeds"},
+			func(t *testing.T, o objects) {
+				if ref := env(o.deployment)["FEED_TOKEN"].ValueFrom; len(o.secrets) != 0 || ref == nil || ref.SecretKeyRef.Name != "envoy-feeds" {
+					t.Errorf("FEED_TOKEN from %+v, Secrets rendered %d", ref, len(o.secrets))
+				}
+			}},
+		{"feeds from any peer", []string{"feeds.allowAnyPeer=true"},
+			func(t *testing.T, o objects) {
+				if e := env(o.deployment); e["FEED_ALLOW_ANY_PEER"].Value != "true" {
+					t.Errorf("FEED_ALLOW_ANY_PEER %+v", e["FEED_ALLOW_ANY_PEER"])
 				}
 			}},
 		{"ServiceMonitor", []string{"serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom"},

@@ -48,3 +48,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-redis" (include "leapgate.fullname" .) }}
 {{- end }}
 {{- end }}
+
+{{- define "leapgate.feedsSecret" -}}
+{{- if .Values.feeds.existingSecret }}
+{{- .Values.feeds.existingSecret }}
+{{- else if .Values.feeds.token }}
+{{- printf "%s-feeds" (include "leapgate.fullname" .) }}
+{{- end }}
+{{- end }}
