@@ -1,10 +1,10 @@
 package examples
 
 import (
-	"io"
-	"net/http"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
