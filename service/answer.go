@@ -147,7 +147,7 @@ func (s *Service) count(sc *scratch, st *ruleState, domain string, results []win
 			if d == nil {
 				d = s.metrics.overrideCounters(domain)
 			}
-			c = d.get(overrideMetricKey(domain, p.entries))
+			c = d.get(overrideMetricKey(domain, p.entries, p.info != nil && p.info.rule.DetailedMetric))
 		case p.info != nil:
 			if p.info.counters != nil {
 				c = p.info.counters

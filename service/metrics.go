@@ -189,10 +189,13 @@ func (m *metrics) overrideCounters(domain string) *detailedCounters {
 }
 
 // overrideMetricKey is the stats key of a descriptor limited by its own
-// override, as envoyproxy/ratelimit names it whether or not a rule matches:
-// "domain.key_value.key_value..." of the request's own entries ("key" alone
-// for an empty value), each value as descriptors.MetricValue shows it.
-func overrideMetricKey(domain string, entries []descriptors.Entry) string {
+// override. With values (the rule it matches has detailed_metric) it is
+// envoyproxy/ratelimit's, "domain.key_value.key_value..." of the request's
+// own entries ("key" alone for an empty value), each value as
+// descriptors.MetricValue shows it. Without, every non-empty value is "*"
+// ("domain.key_*.key_*"): the values, which the caller chooses, stay out of
+// the public labels, as for every other rule.
+func overrideMetricKey(domain string, entries []descriptors.Entry, values bool) string {
 	var b strings.Builder
 	b.WriteString(domain)
 	b.WriteByte('.')
@@ -201,9 +204,13 @@ func overrideMetricKey(domain string, entries []descriptors.Entry) string {
 			b.WriteByte('.')
 		}
 		b.WriteString(descriptors.MetricValue(e.Key))
-		if e.Value != "" {
+		switch {
+		case e.Value == "":
+		case values:
 			b.WriteByte('_')
 			b.WriteString(descriptors.MetricValue(e.Value))
+		default:
+			b.WriteString("_*")
 		}
 	}
 	return b.String()

@@ -65,20 +65,23 @@ func TestRuleMetrics(t *testing.T) {
 			want:   map[[2]string]counts{{"test", "test.backend_api"}: {total: 2, circuit: 2}},
 		},
 		{
-			name: "override without a rule: named after the request's entries",
+			name: "override without a rule: named after the request's keys, its values hidden",
 			reqs: repeat(2, req("test", with(desc("x", "y"), override(1, typev3.RateLimitUnit_SECOND, 0)))),
-			want: map[[2]string]counts{{"test", "test.x_y"}: {total: 2, within: 1, near: 1, over: 1}},
+			want: map[[2]string]counts{{"test", "test.x_*"}: {total: 2, within: 1, near: 1, over: 1}},
 		},
 		{
-			name: "override of a rule: named after the request's entries, not the rule",
+			name: "override of a rule: named after the request's keys, not the rule; values only with detailed_metric",
 			reqs: []*rlsv3.RateLimitRequest{
 				req("test", with(desc("user", "alice"), override(1, typev3.RateLimitUnit_SECOND, 0))),
 				req("test", with(desc("nested", "a", "sub", ""), override(1, typev3.RateLimitUnit_SECOND, 0))),
+				req("test", with(desc("detailed", "vip"), override(1, typev3.RateLimitUnit_SECOND, 0))),
 			},
 			want: map[[2]string]counts{
-				{"test", "test.user_alice"}:     {total: 1, within: 1, near: 1},
-				{"test", "test.nested_a.sub"}:   {total: 1, within: 1, near: 1},
+				{"test", "test.user_*"}:         {total: 1, within: 1, near: 1},
+				{"test", "test.nested_*.sub"}:   {total: 1, within: 1, near: 1},
+				{"test", "test.detailed_vip"}:   {total: 1, within: 1, near: 1},
 				{"test", "test.user"}:           {},
+				{"test", "test.user_alice"}:     {},
 				{"test", "test.nested_a.sub_x"}: {},
 			},
 		},
