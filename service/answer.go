@@ -225,10 +225,7 @@ func (s *Service) conclude(sc *scratch, results []window.Result) {
 		case kindBroken:
 			a.over = true
 		case kindLimited, kindOverride:
-			a.limit = &p.override
-			if p.kind == kindLimited {
-				a.limit = &p.info.limits[p.best-p.first]
-			}
+			a.limit = p.limitOf(p.best - p.first)
 			r := &results[p.best]
 			a.remaining = uint32(min(r.Remaining, math.MaxUint32))
 			a.reset = r.Reset

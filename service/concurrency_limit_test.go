@@ -1,6 +1,7 @@
 package service
 
 import (
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"testing"
 	"time"
 )
@@ -45,6 +46,30 @@ func TestConcurrencyLimitAnswers(t *testing.T) {
 		if s.end {
 			d = with(d, refund())
 		}
+		resp, err := h.call(req("d", d))
+		if err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		checkStatuses(t, resp, []*dstatus{s.want})
+	}
+}
+
+// TestLimitOverrideKeepsTheConcurrencyLimit: a descriptor with its own
+// limit override replaces its rule's rate limits, not the cap on requests
+// in flight: the third upload in flight is refused, by the cap, whatever
+// the override allows.
+func TestLimitOverrideKeepsTheConcurrencyLimit(t *testing.T) {
+	h := newHarness(t, mustParse(t, inFlightRules), nil)
+	two := limMult(2, second, "", 10)
+	for i, s := range []struct {
+		id   string
+		want *dstatus
+	}{
+		{"r1", wantOK(two, 1, 10*time.Second)},
+		{"r2", wantOK(two, 0, 10*time.Second)},
+		{"r3", wantOver(two, 0, 10*time.Second)},
+	} {
+		d := with(desc("uploads", "api", "request_id", s.id), override(100, typev3.RateLimitUnit_SECOND, 0))
 		resp, err := h.call(req("d", d))
 		if err != nil {
 			t.Fatalf("row %d: %v", i, err)

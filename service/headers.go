@@ -146,10 +146,10 @@ func retryAfter(plans []plan) time.Duration {
 // name, else the rule's ID ("override" for a descriptor's own limit).
 func policyName(p *plan) string {
 	switch {
-	case p.kind == kindOverride:
+	case p.kind == kindOverride && (p.best < 0 || p.best == p.first):
 		return "override"
-	case p.best >= 0 && p.info.limits[p.best-p.first].name != "":
-		return p.info.limits[p.best-p.first].name
+	case p.best >= 0 && p.limitOf(p.best-p.first).name != "":
+		return p.limitOf(p.best - p.first).name
 	}
 	return p.info.rule.ID
 }
@@ -157,11 +157,7 @@ func policyName(p *plan) string {
 // windowSeconds is the window length of a descriptor's reported limit, in
 // whole seconds (at least 1).
 func windowSeconds(p *plan) int64 {
-	li := &p.override
-	if p.kind == kindLimited {
-		li = &p.info.limits[p.best-p.first]
-	}
-	return envoyhdr.RetryAfter(li.spec.Length())
+	return envoyhdr.RetryAfter(p.limitOf(p.best - p.first).spec.Length())
 }
 
 // sfString encodes s as a structured-field string (RFC 8941 §3.3.3):

@@ -3,6 +3,7 @@ package service
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -197,6 +198,37 @@ func applyReplaces(plans []plan) {
 	}
 }
 
+// concurrencyLimits yields the indexes in p.info.limits of the matched
+// rule's concurrency_limit limits (none without a rule): what a limit
+// override keeps of its rule.
+func (p *plan) concurrencyLimits() iter.Seq[int] {
+	return func(yield func(int) bool) {
+		if p.info == nil {
+			return
+		}
+		for j := range p.info.limits {
+			if p.info.limits[j].alg == window.Concurrency && !yield(j) {
+				return
+			}
+		}
+	}
+}
+
+// limitOf returns the limit behind the descriptor's request p.first+j: the
+// rule's j-th limit, or, for a limit override, the override (j == 0) and
+// then the rule's concurrency limits it keeps, in order.
+func (p *plan) limitOf(j int) *limitInfo {
+	if p.kind != kindOverride {
+		return &p.info.limits[j]
+	}
+	for k := range p.concurrencyLimits() {
+		if j--; j == 0 {
+			return &p.info.limits[k]
+		}
+	}
+	return &p.override
+}
+
 // ruleApplies reports whether a descriptor is answered by its matched rule.
 func ruleApplies(p *plan) bool { return p.info != nil && p.kind != kindOverride }
 
@@ -241,6 +273,16 @@ func (s *Service) buildRequests(sc *scratch, domain string) {
 			sc.reqs = append(sc.reqs, window.Request{
 				Key: string(sc.keyBuf), Spec: p.override.spec, Limit: p.override.limit, Hits: hits, Veto: p.veto, Negative: p.refund,
 			})
+			// The override replaces the rule's rate limits, not its cap on
+			// requests in flight.
+			for j := range p.concurrencyLimits() {
+				li := &p.info.limits[j]
+				sc.keyBuf = p.info.rule.AppendCounterKey(sc.keyBuf[:0], p.entries, li.index)
+				sc.reqs = append(sc.reqs, window.Request{
+					Key: string(sc.keyBuf), Spec: li.spec, Limit: li.limit, Hits: hits, Veto: p.veto, Algorithm: li.alg,
+					Negative: p.refund, Holder: p.holder,
+				})
+			}
 		}
 		p.n = len(sc.reqs) - p.first
 	}
