@@ -75,6 +75,19 @@ type Settings struct {
 	// connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS);
 	// Envoy opens another connection beyond it.
 	GRPCMaxConcurrentStreams int `envconfig:"GRPC_MAX_CONCURRENT_STREAMS" default:"1024"`
+	// GRPCMaxConnections caps the gRPC listener's open connections; 0 (the
+	// default) is half the process's file-descriptor limit (64 to 65536).
+	// At the cap a connection that has sent nothing for a second is
+	// closed to make room, else new ones wait in the accept queue.
+	GRPCMaxConnections int `envconfig:"GRPC_MAX_CONNECTIONS" default:"0"`
+	// GRPCConnectionTimeout bounds a new gRPC connection's handshake (TLS
+	// and the HTTP/2 preface): a client that sends nothing is closed after
+	// it.
+	GRPCConnectionTimeout time.Duration `envconfig:"GRPC_CONNECTION_TIMEOUT" default:"5s"`
+	// GRPCMaxConnectionIdle closes (GOAWAY) a gRPC connection with no call
+	// or stream for this long, counted from its last one or its start;
+	// Envoy reconnects when it next needs one.
+	GRPCMaxConnectionIdle time.Duration `envconfig:"GRPC_MAX_CONNECTION_IDLE" default:"30s"`
 	// MaxObservationStreams is the most ext_proc and access-log streams
 	// open at once, over all connections; a stream beyond it is refused
 	// with RESOURCE_EXHAUSTED (counted in

@@ -25,6 +25,9 @@ func (s Settings) Validate() error {
 	if s.ReportToken == "" && !isLoopback(s.ReportHost) {
 		bad("REPORT_HOST", "%q is not a loopback address: set REPORT_TOKEN, or anyone who reaches the port can open circuit breakers", s.ReportHost)
 	}
+	if s.GRPCMaxConnections < 0 {
+		bad("GRPC_MAX_CONNECTIONS", "must be 0 (half the file-descriptor limit) or positive, got %d", s.GRPCMaxConnections)
+	}
 	if s.FeedAllowAnyPeer && s.FeedToken != "" {
 		bad("FEED_ALLOW_ANY_PEER", "true with FEED_TOKEN set: the token would not be required; set one or the other")
 	}
@@ -45,7 +48,8 @@ func (s Settings) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"OBSERVATION_STREAM_IDLE_TIMEOUT", s.ObservationStreamIdleTimeout}, {"HTTP_READ_TIMEOUT", s.HTTPReadTimeout},
+	}{{"OBSERVATION_STREAM_IDLE_TIMEOUT", s.ObservationStreamIdleTimeout},
+		{"GRPC_CONNECTION_TIMEOUT", s.GRPCConnectionTimeout}, {"GRPC_MAX_CONNECTION_IDLE", s.GRPCMaxConnectionIdle}, {"HTTP_READ_TIMEOUT", s.HTTPReadTimeout},
 		{"HTTP_WRITE_TIMEOUT", s.HTTPWriteTimeout}, {"HTTP_IDLE_TIMEOUT", s.HTTPIdleTimeout}} {
 		if d.v <= 0 {
 			bad(d.name, "must be positive, got %v", d.v)

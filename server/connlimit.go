@@ -1,49 +1,120 @@
 package server
 
 import (
+	"context"
 	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// limitListener holds at most cap(sem) connections open at once: Accept
-// waits for one to close first, leaving further clients in the kernel's
-// accept queue, so that slow clients cannot take every file descriptor
-// of the process.
+// evictAfter is how long a connection may sit before it may be evicted at
+// the cap while it has not sent a whole request (HTTP: its headers; gRPC:
+// its first byte). A client that is not trickling sends that within
+// milliseconds.
+const evictAfter = time.Second
+
+// connPhase is where a tracked connection is in its life.
+type connPhase uint8
+
+const (
+	// phaseReading: accepted, or between requests and reading the next
+	// one's first bytes or headers. Evictable once evictAfter old.
+	phaseReading connPhase = iota
+	// phaseServing: a request is being handled (HTTP), or the connection
+	// has sent bytes (gRPC: its streams are the server's to bound).
+	phaseServing
+	// phaseIdle: an HTTP keep-alive connection between requests.
+	// Evictable at once.
+	phaseIdle
+)
+
+// limitListener holds at most cap(sem) connections open at once. At the
+// cap, Accept first evicts a connection that is not doing useful work (an
+// idle keep-alive connection, the longest idle first, or one that has not
+// sent a whole request within evictAfter, the oldest first), so that idle
+// or trickling clients cannot take every slot from a health probe; only if
+// none can go does Accept wait, leaving further clients in the kernel's
+// accept queue. Every connection counts against the process's file
+// descriptors, which the cap keeps clear of.
 type limitListener struct {
 	net.Listener
 	sem     chan struct{}
 	limited prometheus.Counter
-	done    chan struct{}
-	once    sync.Once
+	evicted prometheus.Counter
+	// firstByteServes: a connection's first byte moves it to serving (gRPC,
+	// whose listener has no HTTP hooks).
+	firstByteServes bool
+	// now is the clock of the phases (time.Now).
+	now  func() time.Time
+	done chan struct{}
+	once sync.Once
+
+	mu    sync.Mutex
+	conns map[*limitedConn]struct{}
+	// byRemote finds a connection by its peer's address, for the gRPC
+	// stats handler (nil on listeners without one).
+	byRemote map[string]*limitedConn
 }
 
-// limitConns wraps ln (nil stays nil: its bind failed) with the
-// HTTP_MAX_CONNECTIONS bound, counting waits under the listener's name.
-func (s *Server) limitConns(ln net.Listener, name string) net.Listener {
+// newLimitListener wraps ln (nil stays nil: its bind failed) with a cap of
+// max connections, counting waits and evictions under the listener's name.
+func newLimitListener(ln net.Listener, max int, limited, evicted prometheus.Counter) *limitListener {
 	if ln == nil {
 		return nil
 	}
 	return &limitListener{
 		Listener: ln,
-		sem:      make(chan struct{}, s.settings.HTTPMaxConnections),
-		limited:  s.metrics.connLimited.WithLabelValues(name),
+		sem:      make(chan struct{}, max),
+		limited:  limited,
+		evicted:  evicted,
+		now:      time.Now,
 		done:     make(chan struct{}),
+		conns:    make(map[*limitedConn]struct{}),
 	}
 }
 
-// Accept waits for a free slot, then accepts a connection that frees its
+// limitConns wraps an HTTP listener with the HTTP_MAX_CONNECTIONS bound.
+func (s *Server) limitConns(ln net.Listener, name string) net.Listener {
+	l := newLimitListener(ln, s.settings.HTTPMaxConnections, s.metrics.connLimited.WithLabelValues(name), s.metrics.connEvicted.WithLabelValues(name))
+	if l == nil {
+		return nil // a typed nil would not compare equal to nil
+	}
+	return l
+}
+
+// limitGRPCConns wraps the gRPC listener with the GRPC_MAX_CONNECTIONS
+// bound (grpcMaxConnections). A TCP connection serves from its first call
+// or stream (connStats marks it), so one that sent only the HTTP/2
+// preface is evicted at the cap like a silent one; on a Unix socket, whose
+// peers have no address to find them by, from its first byte.
+func (s *Server) limitGRPCConns(ln net.Listener) *limitListener {
+	l := newLimitListener(ln, grpcMaxConnections(s.settings.GRPCMaxConnections), s.metrics.grpcConnLimited, s.metrics.connEvicted.WithLabelValues("grpc"))
+	if l == nil {
+		return nil
+	}
+	if _, unix := ln.Addr().(*net.UnixAddr); unix {
+		l.firstByteServes = true
+	} else {
+		l.byRemote = make(map[string]*limitedConn)
+	}
+	return l
+}
+
+// Accept takes a free slot, evicting a connection that can go if there is
+// none, else waiting for one; then it accepts a connection that frees its
 // slot when closed.
 func (l *limitListener) Accept() (net.Conn, error) {
 	select {
 	case l.sem <- struct{}{}:
 	default:
 		l.limited.Inc()
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
-			return nil, net.ErrClosed
+		if err := l.wait(); err != nil {
+			return nil, err
 		}
 	}
 	c, err := l.Listener.Accept()
@@ -51,7 +122,115 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		<-l.sem
 		return nil, err
 	}
-	return &limitedConn{Conn: c, release: func() { <-l.sem }}, nil
+	lc := &limitedConn{Conn: c, l: l, since: l.now()}
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	if l.byRemote != nil {
+		l.byRemote[c.RemoteAddr().String()] = lc
+	}
+	l.mu.Unlock()
+	return lc, nil
+}
+
+// wait takes a slot of a full listener: it evicts a connection that can
+// go, and, while none can, waits for a slot, trying again every
+// evictPoll (a connection still reading turns evictable with age).
+func (l *limitListener) wait() error {
+	tick := time.NewTicker(evictPoll)
+	defer tick.Stop()
+	for {
+		if l.evict() {
+			l.evicted.Inc()
+		}
+		select {
+		case l.sem <- struct{}{}:
+			return nil
+		case <-l.done:
+			return net.ErrClosed
+		case <-tick.C:
+		}
+	}
+}
+
+// evictPoll is how often a full listener looks again for a connection to
+// evict while it waits.
+const evictPoll = 50 * time.Millisecond
+
+// evict closes the connection that can best go, if any: the longest idle,
+// else the oldest still reading its request for evictAfter or longer.
+func (l *limitListener) evict() bool {
+	now := l.now()
+	l.mu.Lock()
+	var victim *limitedConn
+	better := func(c *limitedConn) bool {
+		switch {
+		case victim == nil:
+			return true
+		case c.phase != victim.phase:
+			return c.phase == phaseIdle
+		}
+		return c.since.Before(victim.since)
+	}
+	for c := range l.conns {
+		if c.phase == phaseIdle || (c.phase == phaseReading && now.Sub(c.since) >= evictAfter) {
+			if better(c) {
+				victim = c
+			}
+		}
+	}
+	l.mu.Unlock()
+	if victim == nil {
+		return false
+	}
+	victim.Close()
+	return true
+}
+
+// set records c's phase, from now.
+func (l *limitListener) set(c *limitedConn, p connPhase) {
+	l.mu.Lock()
+	if _, ok := l.conns[c]; ok && c.phase != p {
+		c.phase, c.since = p, l.now()
+	}
+	l.mu.Unlock()
+}
+
+// connState is an http.Server's ConnState hook: a connection between
+// requests is idle; one that starts reading a request is reading until its
+// handler runs (serving marks it).
+func connState(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	switch st {
+	case http.StateIdle:
+		lc.l.set(lc, phaseIdle)
+	case http.StateActive:
+		lc.l.set(lc, phaseReading)
+	}
+}
+
+// connContext is an http.Server's ConnContext hook: it puts the connection
+// in the context of its requests, for serving.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if lc, ok := c.(*limitedConn); ok {
+		return context.WithValue(ctx, limitedConnKey{}, lc)
+	}
+	return ctx
+}
+
+type limitedConnKey struct{}
+
+// serving wraps h so that a connection whose request reached its handler
+// (its headers are in) is not evicted while the handler runs.
+func serving(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if lc, ok := r.Context().Value(limitedConnKey{}).(*limitedConn); ok {
+			lc.l.set(lc, phaseServing)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Close closes the listener and ends a wait in Accept.
@@ -60,15 +239,58 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// limitedConn frees its listener slot on the first Close.
+// limitedConn frees its listener slot on the first Close. For a listener
+// without HTTP hooks (gRPC), its first byte read moves it from reading to
+// serving.
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l    *limitListener
+	once sync.Once
+	// phase and since (when it began) are guarded by l.mu.
+	phase connPhase
+	since time.Time
+	// read is set after the first successful Read (only Read touches it).
+	read bool
+	// served is set once the gRPC stats handler has marked it serving.
+	served atomic.Bool
+}
+
+func (c *limitedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && !c.read {
+		c.read = true
+		if c.l.firstByteServes {
+			c.l.set(c, phaseServing)
+		}
+	}
+	return n, err
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		if c.l.byRemote != nil && c.l.byRemote[c.RemoteAddr().String()] == c {
+			delete(c.l.byRemote, c.RemoteAddr().String())
+		}
+		c.l.mu.Unlock()
+		<-c.l.sem
+	})
 	return err
+}
+
+// grpcMaxConnections is the gRPC listener's cap: n, or, for 0 (the
+// default), half the process's file-descriptor limit, between 64 and
+// 65536, so that connections alone cannot exhaust the descriptors the
+// HTTP listeners (and health probes) and Redis need.
+func grpcMaxConnections(n int) int {
+	if n > 0 {
+		return n
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur == 0 {
+		return 1024
+	}
+	return int(min(max(lim.Cur/2, 64), 65536))
 }

@@ -24,6 +24,8 @@ type serverMetrics struct {
 	// reason as the one before (logged once; see subscribe).
 	xdsRepeatedRejections prometheus.Counter
 	connLimited           *prometheus.CounterVec
+	grpcConnLimited       prometheus.Counter
+	connEvicted           *prometheus.CounterVec
 }
 
 func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
@@ -56,7 +58,15 @@ func newServerMetrics(reg prometheus.Registerer) *serverMetrics {
 		Name: "leapgate_http_connections_limited_total",
 		Help: "Connections that waited in the accept queue because the listener held HTTP_MAX_CONNECTIONS.",
 	}, []string{"listener"})
-	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.xdsRepeatedRejections, m.connLimited)
+	m.grpcConnLimited = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "leapgate_grpc_connections_limited_total",
+		Help: "gRPC connections that found the listener at GRPC_MAX_CONNECTIONS (one that could go was evicted, else they waited in the accept queue).",
+	})
+	m.connEvicted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "leapgate_connections_evicted_total",
+		Help: "Connections closed at a listener's connection cap to make room: idle keep-alive ones, or ones that had not sent a whole request within a second.",
+	}, []string{"listener"})
+	reg.MustRegister(m.grpcDuration, m.panics, m.configSuccess, m.configError, m.xdsRepeatedRejections, m.connLimited, m.grpcConnLimited, m.connEvicted)
 	return m
 }
 

@@ -47,6 +47,9 @@ type Server struct {
 	clock    window.Clock
 	rules    *ruleLoader
 	backend  backend
+	// grpcConns tells the gRPC listener which connections have started a
+	// call (see limitGRPCConns).
+	grpcConns *connStats
 	// streams are the guarded streaming methods by full method name.
 	streams map[string]guardedMethod
 	tracing tracing
@@ -177,6 +180,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (_ *Serv
 }
 
 func (s *Server) buildGRPC() error {
+	s.grpcConns = &connStats{}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
 		grpc.ForceServerCodecV2(grpcservice.Codec()),
@@ -186,7 +190,10 @@ func (s *Server) buildGRPC() error {
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      s.settings.GRPCMaxConnectionAge,
 			MaxConnectionAgeGrace: s.settings.GRPCMaxConnectionAgeGrace,
+			MaxConnectionIdle:     s.settings.GRPCMaxConnectionIdle,
 		}),
+		grpc.ConnectionTimeout(s.settings.GRPCConnectionTimeout),
+		grpc.StatsHandler(s.grpcConns),
 	}
 	if opt := s.tracing.grpcOption(); opt != nil {
 		opts = append(opts, opt)
@@ -230,7 +237,9 @@ func (s *Server) buildGRPC() error {
 // profiles run as long as asked).
 func (s *Server) newHTTPServer(h http.Handler, writeTimeout bool) *http.Server {
 	hs := &http.Server{
-		Handler:           h,
+		Handler:           serving(h),
+		ConnContext:       connContext,
+		ConnState:         connState,
 		ReadHeaderTimeout: min(s.settings.HTTPReadTimeout, 10*time.Second),
 		ReadTimeout:       s.settings.HTTPReadTimeout,
 		IdleTimeout:       s.settings.HTTPIdleTimeout,
@@ -261,10 +270,15 @@ func (s *Server) listen() error {
 		}
 		return ln
 	}
+	var grpcLn net.Listener
 	if uds := s.settings.GRPCUDS; uds != "" {
-		s.grpcLn, err = listenUnix(uds)
+		grpcLn, err = listenUnix(uds)
 	} else {
-		s.grpcLn = bind("gRPC", s.settings.GRPCAddr())
+		grpcLn = bind("gRPC", s.settings.GRPCAddr())
+	}
+	if grpcLn != nil {
+		l := s.limitGRPCConns(grpcLn)
+		s.grpcConns.l, s.grpcLn = l, l
 	}
 	s.httpLn = s.limitConns(bind("HTTP", s.settings.HTTPAddr()), "http")
 	s.debugLn = s.limitConns(bind("debug", s.settings.DebugAddr()), "debug")

@@ -62,6 +62,7 @@ type runningBinary struct {
 	cmd        *exec.Cmd
 	grpcAddr   string
 	reportAddr string              // the report listener (POST /report)
+	httpAddr   string              // the HTTP listener (/healthcheck, /json, /metrics)
 	lines      chan map[string]any // JSON log lines after "serving"
 	out        *io.PipeWriter
 }
@@ -71,7 +72,20 @@ type runningBinary struct {
 // addresses. Log lines before it are passed to seen.
 func startBinary(t *testing.T, seen func(map[string]any), env ...string) *runningBinary {
 	t.Helper()
-	cmd := exec.Command(buildBinary(t))
+	return startCommand(t, exec.Command(buildBinary(t)), seen, env...)
+}
+
+// startBinaryWithFileLimit is startBinary with the process's file
+// descriptors limited to nofile (soft and hard), as a container's ulimit
+// would.
+func startBinaryWithFileLimit(t *testing.T, nofile int, env ...string) *runningBinary {
+	t.Helper()
+	return startCommand(t, exec.Command("sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$0"`, nofile), buildBinary(t)), nil, env...)
+}
+
+// startCommand is startBinary for a command that runs the binary.
+func startCommand(t *testing.T, cmd *exec.Cmd, seen func(map[string]any), env ...string) *runningBinary {
+	t.Helper()
 	cmd.Env = environ(append([]string{"GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "HOST=127.0.0.1", "PORT=0", "DEBUG_PORT=0", "REPORT_PORT=0",
 		"LOG_FORMAT=json"}, env...)...)
 	pr, pw := io.Pipe()
@@ -103,6 +117,7 @@ func startBinary(t *testing.T, seen func(map[string]any), env ...string) *runnin
 			if m["msg"] == "serving" {
 				rb.grpcAddr, _ = m["grpc"].(string)
 				rb.reportAddr, _ = m["report"].(string)
+				rb.httpAddr, _ = m["http"].(string)
 			} else if seen != nil {
 				seen(m)
 			}
