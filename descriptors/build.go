@@ -96,7 +96,21 @@ type builder struct {
 	domains map[string]string // domain -> "file:line" of its definition
 	perFile map[string]int    // errors reported per file
 	ids     map[string]*Rule  // every node's ID -> its rule, to catch collisions
+	counted map[string]int    // descriptors read per domain
 }
+
+// MaxDepth is the deepest a descriptor may be nested (a top-level
+// descriptor is at depth 1). A rule stores its whole path, so memory grows
+// with depth times descriptors: the cap keeps it linear in the rules' size.
+// A deeper descriptor is refused with its file and line (over xDS, in the
+// NACK's reason), and nothing below it is read.
+const MaxDepth = 32
+
+// MaxDescriptorsPerDomain is the most descriptors, at every depth, one
+// domain may have, over all its files or xDS resources; past it the
+// domain is refused with the file and line of the first descriptor too
+// many.
+const MaxDescriptorsPerDomain = 100_000
 
 func newBuilder(opts Options) *builder {
 	return &builder{
@@ -105,6 +119,7 @@ func newBuilder(opts Options) *builder {
 		domains: map[string]string{},
 		perFile: map[string]int{},
 		ids:     map[string]*Rule{},
+		counted: map[string]int{},
 	}
 }
 
@@ -172,6 +187,16 @@ func (b *builder) addChildren(f *rawFile, parent *node, parentID string, path []
 	for _, d := range descs {
 		if d.bad {
 			continue
+		}
+		if len(path) >= MaxDepth {
+			b.errorf(f.name, d.line, "descriptor '%s' is nested %d deep, deeper than the %d levels allowed", parentID+"."+d.key, len(path)+1, MaxDepth)
+			continue
+		}
+		if b.counted[f.domain]++; b.counted[f.domain] > MaxDescriptorsPerDomain {
+			if b.counted[f.domain] == MaxDescriptorsPerDomain+1 {
+				b.errorf(f.name, d.line, "domain '%s' has more than the %d descriptors allowed", f.domain, MaxDescriptorsPerDomain)
+			}
+			return
 		}
 		if d.key == "" {
 			b.errorf(f.name, d.line, "descriptor has empty key")

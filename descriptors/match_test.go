@@ -365,7 +365,7 @@ func BenchmarkParse(b *testing.B) {
 		fmt.Fprintf(&sb, "  - key: user\n    value: u%d\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", i, i+1)
 	}
 	for i := 0; i < 250; i++ {
-		fmt.Fprintf(&sb, "  - key: path\n    value: /p%d/*\n    rate_limits:\n      - {unit: second, requests_per_unit: 10}\n      - {window: 30s, requests_per_unit: 100, buckets: 30}\n", i)
+		fmt.Fprintf(&sb, "  - key: path\n    value: /p%d/*\n    rate_limits:\n      - {unit: second, requests_per_unit: 10}\n      - {window: 30s, requests_per_unit: 100, buckets: 30, algorithm: time_buckets}\n", i)
 	}
 	for i := 0; i < 250; i++ {
 		fmt.Fprintf(&sb, "  - key: svc\n    value: s%d\n    descriptors:\n      - key: op\n        rate_limit: {unit: hour, requests_per_unit: 5}\n", i)
