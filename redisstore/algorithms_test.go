@@ -88,6 +88,9 @@ func TestMatchesInMemoryStore(t *testing.T) {
 		// across the exact log (up to window.ExactLimit) and larger blocks.
 		{"sliding_relimited", []diffKey{{sw, time.Second, 1, 300}, {sw, time.Second, 1, 20}, {sw, 2 * time.Second, 1, 2*window.Blocks + 1}},
 			10 * time.Millisecond, relimited},
+		// Large logs, weighted hits, refunds and undo across many entries,
+		// limits raised and cut (the sorted set's ranks and counts).
+		{"sliding_log_large", []diffKey{{lg, time.Second, 1, 300}, {lg, 2 * time.Second, 1, 50}}, 4 * time.Millisecond, relimited},
 		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, charged},
 		{"concurrency", []diffKey{{cc, 3 * time.Second, 1, 3}, {cc, 2 * time.Second, 1, 1}, {cc, 10 * time.Second, 1, 0}},
 			time.Second, held},
@@ -269,6 +272,17 @@ func TestVetoAcrossAlgorithms(t *testing.T) {
 					t.Fatal(err)
 				}
 				m[k] = map[string]string{"value": v}
+				continue
+			}
+			if typ, _ := rdb.Type(ctx, k).Result(); typ == "zset" { // the sliding log's
+				zs, err := rdb.ZRangeWithScores(ctx, k, 0, -1).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				m[k] = map[string]string{}
+				for _, z := range zs {
+					m[k][fmt.Sprint(z.Member)] = fmt.Sprint(z.Score)
+				}
 				continue
 			}
 			m[k], err = rdb.HGetAll(ctx, k).Result()

@@ -60,7 +60,7 @@ func TestRedisKeysAreStable(t *testing.T) {
 		window.SlidingWindow: "lg_{k\x00v}:sw",
 		window.TokenBucket:   "lg_{k\x00v}:tb",
 		window.FixedWindow:   "lg_{k\x00v}:fw",
-		window.SlidingLog:    "lg_{k\x00v}:log",
+		window.SlidingLog:    "lg_{k\x00v}:lz",
 		window.TimeBuckets:   "lg_{k\x00v}",
 		window.Concurrency:   "lg_{k\x00v}:cc",
 	}

@@ -47,7 +47,7 @@ var algorithms = [...]AlgorithmInfo{
 		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewGCRA(s) }},
 	FixedWindow: {Name: "fixed_window", KeySuffix: ":fw", InRules: true, ChargeAlways: true,
 		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewFixedCounter(s) }},
-	SlidingLog: {Name: "sliding_log", KeySuffix: ":log", InRules: true, BucketIsTime: true,
+	SlidingLog: {Name: "sliding_log", KeySuffix: ":lz", InRules: true, BucketIsTime: true,
 		MaxLimit: MaxLogLimit, LimitErr: ErrLogLimit, newMeter: func(s Spec) meter { return NewLogCounter(s) }},
 	TimeBuckets: {Name: "time_buckets", KeySuffix: "", InRules: true, Bucketed: true,
 		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewBucketCounter(s) }},
