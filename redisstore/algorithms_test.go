@@ -31,6 +31,7 @@ const (
 	charged            // every request is ChargeAlways, with hits up to twice the limit
 	held               // requests name one of a few holders, or none (Concurrency)
 	relimited          // the limit changes every few batches: a quarter to three times the key's (a reload)
+	heldMany           // requests name one of 200 holders, or none (Concurrency at large limits)
 )
 
 // TestMatchesInMemoryStore drives the Redis store and the in-memory
@@ -91,6 +92,9 @@ func TestMatchesInMemoryStore(t *testing.T) {
 		// Large logs, weighted hits, refunds and undo across many entries,
 		// limits raised and cut (the sorted set's ranks and counts).
 		{"sliding_log_large", []diffKey{{lg, time.Second, 1, 300}, {lg, 2 * time.Second, 1, 50}}, 4 * time.Millisecond, relimited},
+		// Hundreds of leases, of 200 holders and of nobody: the sorted
+		// set's walks from the oldest lease and its counts.
+		{"concurrency_large", []diffKey{{cc, 2 * time.Second, 1, 150}, {cc, time.Second, 1, 40}}, 20 * time.Millisecond, heldMany},
 		{"fixed_charge", []diffKey{{fw, 10 * time.Second, 1, 5}, {fw, 20 * time.Second, 4, 200}}, 2 * time.Second, charged},
 		{"concurrency", []diffKey{{cc, 3 * time.Second, 1, 3}, {cc, 2 * time.Second, 1, 1}, {cc, 10 * time.Second, 1, 0}},
 			time.Second, held},
@@ -131,6 +135,11 @@ func TestMatchesInMemoryStore(t *testing.T) {
 						q.Hits = rng.Uint64N(2*tc.keys[k].limit + 1)
 					case held:
 						q.Holder = []string{"", "", "a", "b", "c", "d"}[rng.IntN(6)]
+					case heldMany:
+						if h := rng.IntN(250); h < 200 {
+							q.Holder = fmt.Sprint("h", h)
+						}
+						q.Hits = uint64(rng.IntN(6))
 					case relimited:
 						q.Limit = max(q.Limit*scale[0]/scale[1], 1)
 						q.Hits = uint64(rng.IntN(int(q.Limit/8) + 2))

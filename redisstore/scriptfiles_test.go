@@ -62,7 +62,7 @@ func TestRedisKeysAreStable(t *testing.T) {
 		window.FixedWindow:   "lg_{k\x00v}:fw",
 		window.SlidingLog:    "lg_{k\x00v}:lz",
 		window.TimeBuckets:   "lg_{k\x00v}",
-		window.Concurrency:   "lg_{k\x00v}:cc",
+		window.Concurrency:   "lg_{k\x00v}:cz",
 	}
 	for _, a := range window.Algorithms() {
 		if got := s.counterKey(&window.Request{Key: "k\x00v", Algorithm: a}); got != want[a] {

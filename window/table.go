@@ -51,7 +51,7 @@ var algorithms = [...]AlgorithmInfo{
 		MaxLimit: MaxLogLimit, LimitErr: ErrLogLimit, newMeter: func(s Spec) meter { return NewLogCounter(s) }},
 	TimeBuckets: {Name: "time_buckets", KeySuffix: "", InRules: true, Bucketed: true,
 		MaxLimit: MaxLimit, newMeter: func(s Spec) meter { return NewBucketCounter(s) }},
-	Concurrency: {Name: "concurrency", KeySuffix: ":cc", BucketIsTime: true, Holders: true,
+	Concurrency: {Name: "concurrency", KeySuffix: ":cz", BucketIsTime: true, Holders: true,
 		MaxLimit: MaxLogLimit, LimitErr: ErrConcurrencyLimit, newMeter: func(s Spec) meter { return NewLeaseCounter(s) }},
 }
 
