@@ -199,6 +199,22 @@ func TestDistinctValueBreakers(t *testing.T) {
 	}
 }
 
+// clusterProbes returns, for the breakers of r on destination_cluster:
+// errorsFrom, which observes n 5xx answers of a cluster, and isOpen, which
+// reports whether a request to it is refused.
+func clusterProbes(t *testing.T, r *Registry, set *descriptors.Set) (errorsFrom func(cluster string, n int), isOpen func(cluster string) bool) {
+	errorsFrom = func(cluster string, n int) {
+		for range n {
+			r.Observe(Observation{Cluster: cluster, Status: 500})
+		}
+	}
+	isOpen = func(cluster string) bool {
+		ok, _ := allow(t, r, set, "destination_cluster", cluster)
+		return !ok
+	}
+	return errorsFrom, isOpen
+}
+
 // At the cap, a new value takes the slot of the least recently observed
 // closed breaker, so junk values seen once cannot squat the slots and keep a
 // real upstream from ever opening; only when every breaker is open or
@@ -207,15 +223,7 @@ func TestMaxBreakersPerRule(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r, clock, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, Metrics: reg})
 	const rule = "breaker.destination_cluster"
-	errorsFrom := func(cluster string, n int) {
-		for range n {
-			r.Observe(Observation{Cluster: cluster, Status: 500})
-		}
-	}
-	isOpen := func(cluster string) bool {
-		ok, _ := allow(t, r, set, "destination_cluster", cluster)
-		return !ok
-	}
+	errorsFrom, isOpen := clusterProbes(t, r, set)
 	errorsFrom("junk-1", 1)
 	clock.Advance(s)
 	errorsFrom("junk-2", 1)
@@ -264,15 +272,7 @@ func TestAbandonedOpenBreakersAreReclaimed(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r, clock, set := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 2, Metrics: reg})
 	const rule = "breaker.destination_cluster"
-	errorsFrom := func(cluster string, n int) {
-		for range n {
-			r.Observe(Observation{Cluster: cluster, Status: 500})
-		}
-	}
-	isOpen := func(cluster string) bool {
-		ok, _ := allow(t, r, set, "destination_cluster", cluster)
-		return !ok
-	}
+	errorsFrom, isOpen := clusterProbes(t, r, set)
 	errorsFrom("junk-1", 2)
 	errorsFrom("junk-2", 2)
 	errorsFrom("inventory", 2)
