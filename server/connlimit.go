@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,9 +55,9 @@ type limitListener struct {
 
 	mu    sync.Mutex
 	conns map[*limitedConn]struct{}
-	// byRemote finds a connection by its peer's address, for the gRPC
-	// stats handler (nil on listeners without one).
-	byRemote map[string]*limitedConn
+	// sniffH2: a plaintext gRPC listener, whose connections serve from
+	// their first HEADERS frame (h2Sniffer).
+	sniffH2 bool
 }
 
 // newLimitListener wraps ln (nil stays nil: its bind failed) with a cap of
@@ -88,19 +87,21 @@ func (s *Server) limitConns(ln net.Listener, name string) net.Listener {
 }
 
 // limitGRPCConns wraps the gRPC listener with the GRPC_MAX_CONNECTIONS
-// bound (grpcMaxConnections). A TCP connection serves from its first call
-// or stream (connStats marks it), so one that sent only the HTTP/2
-// preface is evicted at the cap like a silent one; on a Unix socket, whose
-// peers have no address to find them by, from its first byte.
-func (s *Server) limitGRPCConns(ln net.Listener) *limitListener {
+// bound (grpcMaxConnections). A plaintext connection serves from its first
+// call or stream (its first HTTP/2 HEADERS frame), so one that sent only
+// the preface is evicted at the cap like a silent one; under TLS, whose
+// bytes the listener cannot read, from its first byte
+// (GRPC_CONNECTION_TIMEOUT bounds the handshake, GRPC_MAX_CONNECTION_IDLE
+// the silence after it).
+func (s *Server) limitGRPCConns(ln net.Listener) net.Listener {
 	l := newLimitListener(ln, grpcMaxConnections(s.settings.GRPCMaxConnections), s.metrics.grpcConnLimited, s.metrics.connEvicted.WithLabelValues("grpc"))
 	if l == nil {
 		return nil
 	}
-	if _, unix := ln.Addr().(*net.UnixAddr); unix {
+	if s.settings.GRPCServerUseTLS {
 		l.firstByteServes = true
 	} else {
-		l.byRemote = make(map[string]*limitedConn)
+		l.sniffH2 = true
 	}
 	return l
 }
@@ -123,11 +124,11 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	lc := &limitedConn{Conn: c, l: l, since: l.now()}
+	if l.sniffH2 {
+		lc.sniff = newH2Sniffer()
+	}
 	l.mu.Lock()
 	l.conns[lc] = struct{}{}
-	if l.byRemote != nil {
-		l.byRemote[c.RemoteAddr().String()] = lc
-	}
 	l.mu.Unlock()
 	return lc, nil
 }
@@ -249,18 +250,27 @@ type limitedConn struct {
 	// phase and since (when it began) are guarded by l.mu.
 	phase connPhase
 	since time.Time
-	// read is set after the first successful Read (only Read touches it).
-	read bool
-	// served is set once the gRPC stats handler has marked it serving.
-	served atomic.Bool
+	// read is set after the first successful Read, and sniff (for a
+	// plaintext gRPC connection) watches the bytes until the first call;
+	// only Read touches them.
+	read  bool
+	sniff *h2Sniffer
 }
 
 func (c *limitedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 && !c.read {
-		c.read = true
-		if c.l.firstByteServes {
+		switch {
+		case c.sniff != nil:
+			if c.sniff.feed(b[:n]) {
+				c.read, c.sniff = true, nil
+				c.l.set(c, phaseServing)
+			}
+		case c.l.firstByteServes:
+			c.read = true
 			c.l.set(c, phaseServing)
+		default:
+			c.read = true
 		}
 	}
 	return n, err
@@ -271,9 +281,6 @@ func (c *limitedConn) Close() error {
 	c.once.Do(func() {
 		c.l.mu.Lock()
 		delete(c.l.conns, c)
-		if c.l.byRemote != nil && c.l.byRemote[c.RemoteAddr().String()] == c {
-			delete(c.l.byRemote, c.RemoteAddr().String())
-		}
 		c.l.mu.Unlock()
 		<-c.l.sem
 	})

@@ -47,9 +47,6 @@ type Server struct {
 	clock    window.Clock
 	rules    *ruleLoader
 	backend  backend
-	// grpcConns tells the gRPC listener which connections have started a
-	// call (see limitGRPCConns).
-	grpcConns *connStats
 	// streams are the guarded streaming methods by full method name.
 	streams map[string]guardedMethod
 	tracing tracing
@@ -180,7 +177,6 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (_ *Serv
 }
 
 func (s *Server) buildGRPC() error {
-	s.grpcConns = &connStats{}
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(s.settings.MaxRequestBytes),
 		grpc.ForceServerCodecV2(grpcservice.Codec()),
@@ -193,7 +189,6 @@ func (s *Server) buildGRPC() error {
 			MaxConnectionIdle:     s.settings.GRPCMaxConnectionIdle,
 		}),
 		grpc.ConnectionTimeout(s.settings.GRPCConnectionTimeout),
-		grpc.StatsHandler(s.grpcConns),
 	}
 	if opt := s.tracing.grpcOption(); opt != nil {
 		opts = append(opts, opt)
@@ -277,8 +272,7 @@ func (s *Server) listen() error {
 		grpcLn = bind("gRPC", s.settings.GRPCAddr())
 	}
 	if grpcLn != nil {
-		l := s.limitGRPCConns(grpcLn)
-		s.grpcConns.l, s.grpcLn = l, l
+		s.grpcLn = s.limitGRPCConns(grpcLn)
 	}
 	s.httpLn = s.limitConns(bind("HTTP", s.settings.HTTPAddr()), "http")
 	s.debugLn = s.limitConns(bind("debug", s.settings.DebugAddr()), "debug")
