@@ -83,10 +83,11 @@ func TestAllowRunsAsFunction(t *testing.T) {
 	if err := admin.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	do(5) // each finds no function, and is sent again as EVAL
-	if !s.pipe.reload.Load() && s.pipe.functions.Load() {
-		t.Fatal("a missing function was not noticed")
-	}
+	// Each call finds no function and is sent again as EVAL (do fails the
+	// test on an error), and the missing library is noticed: it is loaded
+	// again below. (Whether the reload is still pending when do returns
+	// depends on the health check's timing, so it is not asserted.)
+	do(5)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		libs, err := admin.FunctionList(ctx, redis.FunctionListQuery{}).Result()
 		if err == nil && len(libs) == 1 && s.pipe.functions.Load() && !s.pipe.reload.Load() {
