@@ -13,7 +13,7 @@ import (
 
 // evictAfter is how long a connection may sit before it may be evicted at
 // the cap while it has not sent a whole request (HTTP: its headers; gRPC:
-// its first byte). A client that is not trickling sends that within
+// its first HTTP/2 HEADERS frame, or under TLS its first byte). A client that is not trickling sends that within
 // milliseconds.
 const evictAfter = time.Second
 
@@ -25,7 +25,7 @@ const (
 	// one's first bytes or headers. Evictable once evictAfter old.
 	phaseReading connPhase = iota
 	// phaseServing: a request is being handled (HTTP), or the connection
-	// has sent bytes (gRPC: its streams are the server's to bound).
+	// has started a call (gRPC: its streams are the server's to bound).
 	phaseServing
 	// phaseIdle: an HTTP keep-alive connection between requests.
 	// Evictable at once.
@@ -45,8 +45,8 @@ type limitListener struct {
 	sem     chan struct{}
 	limited prometheus.Counter
 	evicted prometheus.Counter
-	// firstByteServes: a connection's first byte moves it to serving (gRPC,
-	// whose listener has no HTTP hooks).
+	// firstByteServes: a connection's first byte moves it to serving (gRPC
+	// under TLS, whose bytes the listener cannot read).
 	firstByteServes bool
 	// now is the clock of the phases (time.Now).
 	now  func() time.Time
@@ -240,9 +240,9 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// limitedConn frees its listener slot on the first Close. For a listener
-// without HTTP hooks (gRPC), its first byte read moves it from reading to
-// serving.
+// limitedConn frees its listener slot on the first Close. On the gRPC
+// listener its reads move it from reading to serving: at its first HTTP/2
+// HEADERS frame (plaintext), or its first byte (TLS).
 type limitedConn struct {
 	net.Conn
 	l    *limitListener
