@@ -72,7 +72,7 @@ func (m *unorderedMatch) search(n *node) *Rule {
 		}
 		m.used[i] = true
 		m.order = append(m.order, p)
-		if r := m.search(next); r != nil {
+		if r := m.search(next); r != nil || m.steps > MaxUnorderedSteps {
 			return r
 		}
 		m.used[i] = false
