@@ -1,0 +1,178 @@
+package rlqs
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+)
+
+// hysteresis is the least relative change of rate worth a new assignment:
+// each new token bucket starts full (its burst again), so assignments
+// change only when it matters.
+const hysteresis = 1.0 / 100
+
+// Tick divides every limit anew and sends what changed. In order: buckets
+// of closed streams whose assignments have expired free their share;
+// buckets that reported no request for Options.BucketIdle are abandoned;
+// the cuts sent on the previous tick count as in force; each pool's
+// capacity is divided max-min fairly by demand; cuts go out at once, and
+// increases as far as the pools can pay for them without the cuts of this
+// tick (take before give); assignments past half their TTL are refreshed.
+func (s *Server) Tick() {
+	started := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.opts.Clock.Now()
+	learning := now < s.learnUntil
+	out := map[*Stream][]*rlqspb.RateLimitQuotaResponse_BucketAction{}
+
+	if s.rematch {
+		s.rematch = false
+		s.eachBucket(func(b *bucket) { s.match(b) })
+	}
+	for b := range s.orphans {
+		if now >= b.ttlEnd {
+			delete(s.orphans, b)
+			s.forget(b)
+			s.metrics.abandoned.WithLabelValues("expired").Inc()
+		}
+	}
+	for st := range s.streams {
+		for key, b := range st.buckets {
+			if now-b.lastUsed >= s.opts.BucketIdle {
+				out[st] = append(out[st], abandonAction(b.id))
+				delete(st.buckets, key)
+				s.forget(b)
+				s.metrics.abandoned.WithLabelValues("idle").Inc()
+			}
+		}
+	}
+
+	live := s.liveBuckets()
+	for _, p := range s.pools {
+		p.committed = 0
+		for b := range p.members {
+			b.held = b.current
+			p.committed += b.current.cost(p.window)
+		}
+	}
+	for _, b := range live {
+		b.target = math.Inf(1)
+	}
+	for _, p := range s.pools {
+		p.divide(learning)
+	}
+
+	var raises []*bucket
+	for _, b := range live {
+		t := b.tokenBucket(b.target)
+		switch {
+		case lower(t, b.current, hysteresis):
+			s.change(b, t)
+			s.metrics.changes.WithLabelValues("cut").Inc()
+			out[b.stream] = append(out[b.stream], s.sendAction(b, now))
+		case lower(b.current, t, hysteresis):
+			raises = append(raises, b)
+		}
+	}
+	// Within the hysteresis a pool could stay above its limit: cut every
+	// member still above its target.
+	for _, p := range s.pools {
+		if s.currentCost(p) <= p.limit {
+			continue
+		}
+		for b := range p.members {
+			if t := b.tokenBucket(b.target); !b.stream.closed && lower(t, b.current, 0) {
+				s.change(b, t)
+				s.metrics.changes.WithLabelValues("cut").Inc()
+				out[b.stream] = append(out[b.stream], s.sendAction(b, now))
+			}
+		}
+	}
+	slices.SortFunc(raises, func(a, b *bucket) int { return cmpFloat(a.target, b.target) })
+	for _, b := range raises {
+		rate := b.target
+		for _, p := range b.pools {
+			rate = min(rate, p.room(b))
+		}
+		if a := b.tokenBucket(rate); lower(b.current, a, hysteresis) {
+			s.change(b, a)
+			s.metrics.changes.WithLabelValues("raise").Inc()
+			out[b.stream] = append(out[b.stream], s.sendAction(b, now))
+		}
+	}
+
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			if b.sentAt != now && b.ttlEnd-now <= s.opts.AssignmentTTL/2 {
+				out[st] = append(out[st], s.sendAction(b, now))
+			}
+		}
+	}
+	s.observe(live)
+	for st, actions := range out {
+		if !st.closed && len(actions) > 0 {
+			st.send(&rlqspb.RateLimitQuotaResponse{BucketAction: actions})
+		}
+	}
+	s.metrics.tick.Observe(time.Since(started).Seconds())
+}
+
+// lower reports whether a admits less than b by more than the share h of
+// b's rate: a DENY_ALL is lower than any token bucket.
+func lower(a, b assignment, h float64) bool {
+	switch {
+	case a.kind == tokenBucket && b.kind == tokenBucket:
+		return a.rate() < b.rate()*(1-h)
+	case a.kind == denyAll && b.kind == tokenBucket:
+		return true
+	}
+	return false
+}
+
+// currentCost is the sum over p's members of the cost of their current
+// assignments.
+func (s *Server) currentCost(p *pool) float64 {
+	c := 0.0
+	for b := range p.members {
+		c += b.current.cost(p.window)
+	}
+	return c
+}
+
+// liveBuckets returns the pooled buckets of open streams.
+func (s *Server) liveBuckets() []*bucket {
+	var live []*bucket
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			if b.pooled() {
+				live = append(live, b)
+			}
+		}
+	}
+	return live
+}
+
+// eachBucket calls f for every tracked bucket, orphans included.
+func (s *Server) eachBucket(f func(*bucket)) {
+	for st := range s.streams {
+		for _, b := range st.buckets {
+			f(b)
+		}
+	}
+	for b := range s.orphans {
+		f(b)
+	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
