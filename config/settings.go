@@ -118,6 +118,35 @@ type Settings struct {
 	// leapgate_observation_streams_idle_closed_total).
 	ObservationStreamIdleTimeout time.Duration `envconfig:"OBSERVATION_STREAM_IDLE_TIMEOUT" default:"10m"`
 
+	// RLQSEnabled serves Envoy's Rate Limit Quota Service
+	// (envoy.service.rate_limit_quota.v3) on the gRPC port, from the same
+	// rules as the rate-limit service. Its streams follow the feeds' trust
+	// model (FEED_TOKEN, mutual TLS, loopback), since a stream claims a
+	// share of every limit it reports on.
+	RLQSEnabled bool `envconfig:"RLQS_ENABLED" default:"true"`
+	// RLQSTick is how often RLQS divides every limit anew by demand.
+	RLQSTick time.Duration `envconfig:"RLQS_TICK" default:"500ms"`
+	// RLQSAssignmentTTL is the time to live of every RLQS assignment,
+	// whole seconds of at least 2 s and two ticks: assignments are refreshed
+	// once half of it has passed, and a closed stream's share is freed when
+	// it ends.
+	RLQSAssignmentTTL time.Duration `envconfig:"RLQS_ASSIGNMENT_TTL" default:"4s"`
+	// RLQSBucketIdle abandons an RLQS bucket that has reported no request
+	// for this long.
+	RLQSBucketIdle time.Duration `envconfig:"RLQS_BUCKET_IDLE" default:"1m"`
+	// RLQSMaxBucketsPerStream and RLQSMaxBucketsPerDomain bound the RLQS
+	// buckets tracked; a bucket past either is answered (DENY_ALL under a
+	// limiting rule, ALLOW_ALL otherwise) but takes no share.
+	RLQSMaxBucketsPerStream int `envconfig:"RLQS_MAX_BUCKETS_PER_STREAM" default:"1000"`
+	RLQSMaxBucketsPerDomain int `envconfig:"RLQS_MAX_BUCKETS_PER_DOMAIN" default:"200000"`
+	// MaxRLQSStreams is the most RLQS streams open at once (one per Envoy
+	// and domain), MaxRLQSStreamsPerPeer the most one peer may hold.
+	MaxRLQSStreams        int `envconfig:"MAX_RLQS_STREAMS" default:"4096"`
+	MaxRLQSStreamsPerPeer int `envconfig:"MAX_RLQS_STREAMS_PER_PEER" default:"64"`
+	// RLQSStreamIdleTimeout closes an RLQS stream that has sent nothing
+	// for this long (Envoy reports every 5 s).
+	RLQSStreamIdleTimeout time.Duration `envconfig:"RLQS_STREAM_IDLE_TIMEOUT" default:"1m"`
+
 	// HTTPReadTimeout bounds reading one HTTP request, body included, on
 	// the HTTP, report and debug listeners; HTTPWriteTimeout bounds writing
 	// its answer (HTTP and report listeners: the debug listener's profiles

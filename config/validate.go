@@ -49,6 +49,7 @@ func (s Settings) Validate() error {
 		name string
 		v    time.Duration
 	}{{"OBSERVATION_STREAM_IDLE_TIMEOUT", s.ObservationStreamIdleTimeout},
+		{"RLQS_TICK", s.RLQSTick}, {"RLQS_BUCKET_IDLE", s.RLQSBucketIdle}, {"RLQS_STREAM_IDLE_TIMEOUT", s.RLQSStreamIdleTimeout},
 		{"GRPC_CONNECTION_TIMEOUT", s.GRPCConnectionTimeout}, {"GRPC_MAX_CONNECTION_IDLE", s.GRPCMaxConnectionIdle}, {"HTTP_READ_TIMEOUT", s.HTTPReadTimeout},
 		{"HTTP_WRITE_TIMEOUT", s.HTTPWriteTimeout}, {"HTTP_IDLE_TIMEOUT", s.HTTPIdleTimeout}} {
 		if d.v <= 0 {
@@ -60,10 +61,15 @@ func (s Settings) Validate() error {
 		v    int
 	}{{"GRPC_MAX_CONCURRENT_STREAMS", s.GRPCMaxConcurrentStreams}, {"MAX_OBSERVATION_STREAMS", s.MaxObservationStreams},
 		{"MAX_OBSERVATION_STREAMS_PER_PEER", s.MaxObservationStreamsPerPeer},
+		{"MAX_RLQS_STREAMS", s.MaxRLQSStreams}, {"MAX_RLQS_STREAMS_PER_PEER", s.MaxRLQSStreamsPerPeer},
+		{"RLQS_MAX_BUCKETS_PER_STREAM", s.RLQSMaxBucketsPerStream}, {"RLQS_MAX_BUCKETS_PER_DOMAIN", s.RLQSMaxBucketsPerDomain},
 		{"HTTP_MAX_CONNECTIONS", s.HTTPMaxConnections}} {
 		if n.v < 1 {
 			bad(n.name, "must be at least 1, got %d", n.v)
 		}
+	}
+	if s.RLQSAssignmentTTL%time.Second != 0 || s.RLQSAssignmentTTL < 2*time.Second || s.RLQSAssignmentTTL < 2*s.RLQSTick {
+		bad("RLQS_ASSIGNMENT_TTL", "must be whole seconds, at least 2s and at least two RLQS_TICKs (Envoy reads whole seconds), got %v", s.RLQSAssignmentTTL)
 	}
 	if s.GRPCMaxConnectionAgeGrace < 0 {
 		bad("GRPC_MAX_CONNECTION_AGE_GRACE", "must not be negative, got %v", s.GRPCMaxConnectionAgeGrace)

@@ -44,20 +44,20 @@ type bucket struct {
 	created time.Duration
 
 	// Demand, measured by the server's clock.
-	known       bool    // demand and admitted are measured
+	known bool // demand and admitted are measured
 	// inherited marks a bucket whose first report covered time before
 	// this server saw it (time_elapsed of a second or more: Envoy reports
 	// a new bucket at once, with 0 s), so that it may still enforce a
 	// previous server's assignment; inheritedRate is what it admitted then.
 	inherited     bool
 	inheritedRate float64
-	demand      float64 // requests per second offered (allowed + denied)
-	admitted    float64 // requests per second allowed
-	anchor      time.Duration
-	anchored    bool
-	accOffered  float64
-	accAdmitted float64
-	lastUsed    time.Duration // last report with requests in it
+	demand        float64 // requests per second offered (allowed + denied)
+	admitted      float64 // requests per second allowed
+	anchor        time.Duration
+	anchored      bool
+	accOffered    float64
+	accAdmitted   float64
+	lastUsed      time.Duration // last report with requests in it
 
 	// Assignments.
 	current assignment    // what it was last told

@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"domain"})
 	}
 	m := &metrics{
-		streams:  gauge("leapgate_rlqs_streams", "Open RLQS streams per domain (the domain of their first report)."),
+		streams:  gauge("leapgate_rlqs_clients", "Open RLQS streams (one per Envoy) per domain, the domain of their first report."),
 		buckets:  gauge("leapgate_rlqs_buckets", "Tracked RLQS buckets per domain, those of closed streams until their assignments expire included."),
 		demand:   gauge("leapgate_rlqs_demand_rate", "Requests per second the open streams' limited buckets report offering (allowed + denied), per domain."),
 		assigned: gauge("leapgate_rlqs_assigned_rate", "Requests per second assigned to the open streams' limited buckets (token bucket rates), per domain."),

@@ -59,10 +59,10 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if o.Tick == 0 {
-		o.Tick = time.Second
+		o.Tick = 500 * time.Millisecond
 	}
 	if o.AssignmentTTL == 0 {
-		o.AssignmentTTL = 10 * time.Second
+		o.AssignmentTTL = 4 * time.Second
 	}
 	if o.BucketIdle == 0 {
 		o.BucketIdle = time.Minute

@@ -86,8 +86,11 @@ func (s *Server) debugHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, "/rlconfig           loaded rules\n/breakers           circuit breakers (JSON)\n/breakers/override  manual overrides: GET lists, POST rule=&mode=force_open|force_closed|disabled|auto[&resource=]\n/debug/pprof/       Go profiles\n")
+		io.WriteString(w, "/rlconfig           loaded rules\n/breakers           circuit breakers (JSON)\n/breakers/override  manual overrides: GET lists, POST rule=&mode=force_open|force_closed|disabled|auto[&resource=]\n/rlqs               RLQS allocations per limit and client (JSON)\n/debug/pprof/       Go profiles\n")
 	})
+	if s.quota != nil {
+		mux.Handle("/rlqs", s.quota.Handler())
+	}
 	mux.HandleFunc("/rlconfig", s.handleRLConfig)
 	mux.Handle("/breakers", s.breakers.Handler())
 	mux.Handle("/breakers/override", s.breakers.OverrideHandler())

@@ -16,6 +16,7 @@ import (
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/rlqs"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
@@ -69,10 +70,12 @@ func (b breakerSink) SetRules(set *descriptors.Set) {
 }
 
 // ruleTargets are the consumers of the rules: the rate-limit service, the
-// circuit-breaker registry it consults, and the list of every sink.
+// circuit-breaker registry it consults, the RLQS server (nil with
+// RLQS_ENABLED=false), and the list of every sink.
 type ruleTargets struct {
 	service  *service.Service
 	breakers *breaker.Registry
+	rlqs     *rlqs.Server
 	// sinks receive every rule set: the breakers first, so that the service
 	// never consults a breaker rule the registry does not know yet. A new
 	// consumer of rules is one more sink.
@@ -119,7 +122,27 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("creating the rate-limit service: %w", err)
 	}
-	return ruleTargets{service: svc, breakers: breakers, sinks: ruleSinks{breakerSink{breakers}, svc}}, nil
+	targets := ruleTargets{service: svc, breakers: breakers, sinks: ruleSinks{breakerSink{breakers}, svc}}
+	if settings.RLQSEnabled {
+		quota, err := rlqs.New(rlqs.Options{
+			Clock:               clock,
+			Logger:              logger,
+			Metrics:             reg,
+			Tick:                settings.RLQSTick,
+			AssignmentTTL:       settings.RLQSAssignmentTTL,
+			BucketIdle:          settings.RLQSBucketIdle,
+			MaxBucketsPerStream: settings.RLQSMaxBucketsPerStream,
+			MaxBucketsPerDomain: settings.RLQSMaxBucketsPerDomain,
+			ShadowMode:          settings.ShadowMode,
+			StreamIdle:          settings.RLQSStreamIdleTimeout,
+		})
+		if err != nil {
+			return ruleTargets{}, fmt.Errorf("creating the RLQS server: %w", err)
+		}
+		targets.rlqs = quota
+		targets.sinks = append(targets.sinks, quota)
+	}
+	return targets, nil
 }
 
 // headerModes maps LIMIT_RESPONSE_HEADERS_ENABLED onto the service's modes.

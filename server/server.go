@@ -30,6 +30,7 @@ import (
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/internal/grpcservice"
 	"github.com/leapgate/leapgate/observe"
+	"github.com/leapgate/leapgate/rlqs"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
@@ -44,9 +45,11 @@ type Server struct {
 	health   *healthState
 	service  *service.Service
 	breakers *breaker.Registry
-	clock    window.Clock
-	rules    *ruleLoader
-	backend  backend
+	// quota is the RLQS server; nil with RLQS_ENABLED=false.
+	quota   *rlqs.Server
+	clock   window.Clock
+	rules   *ruleLoader
+	backend backend
 	// streams are the guarded streaming methods by full method name.
 	streams map[string]guardedMethod
 	tracing tracing
@@ -151,7 +154,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (_ *Serv
 	if err != nil {
 		return nil, err
 	}
-	s.service, s.breakers = targets.service, targets.breakers
+	s.service, s.breakers, s.quota = targets.service, targets.breakers, targets.rlqs
 	s.rules = newRuleLoader(settings, targets.sinks, s.health, s.metrics, logger)
 	undo = append(undo, s.rules.close) // (close is safe before a watcher exists)
 	if err := s.rules.loadInitial(); err != nil {
@@ -215,6 +218,16 @@ func (s *Server) buildGRPC() error {
 		setting: "MAX_OBSERVATION_STREAMS", peerSetting: "MAX_OBSERVATION_STREAMS_PER_PEER",
 		idleSetting: "OBSERVATION_STREAM_IDLE_TIMEOUT",
 	}}
+	if s.quota != nil {
+		services = append(services, s.quota.Service())
+		budgets = append(budgets, streamBudget{
+			name: rlqs.StreamBudget, what: "RLQS", max: s.settings.MaxRLQSStreams,
+			perPeer: s.settings.MaxRLQSStreamsPerPeer,
+			trust:   peerTrust{token: s.settings.FeedToken, anyPeer: s.settings.FeedAllowAnyPeer},
+			setting: "MAX_RLQS_STREAMS", peerSetting: "MAX_RLQS_STREAMS_PER_PEER",
+			idleSetting: "RLQS_STREAM_IDLE_TIMEOUT",
+		})
+	}
 	streams, err := registerServices(s.grpc, services, budgets, s.registry, s.metrics)
 	if err != nil {
 		return err
@@ -372,6 +385,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	bg.Go(func() { s.backend.run(bgCtx) })
+	if s.quota != nil {
+		bg.Go(func() { s.quota.Run(bgCtx) })
+	}
 	if s.backend.healthy != nil {
 		bg.Go(func() { s.health.watchBackend(bgCtx, s.backend.healthy, backendHealthInterval) })
 	}

@@ -73,6 +73,14 @@ func (s *sim) score() Result {
 	span := max(int(5*time.Second/Step), w)
 	r.Rates, r.Targets = s.rates(steps, span), s.targets(time.Duration(steps-1)*Step, rate)
 	r.FairnessError = l1(r.Rates, r.Targets) / rate
+	admitted, possible := 0.0, 0.0
+	for i := range r.Rates {
+		admitted += r.Rates[i]
+		possible += s.filters[i].client.offered(time.Duration(steps-1) * Step)
+	}
+	if possible = math.Min(possible, rate); possible > 0 {
+		r.UsedLast = admitted / possible
+	}
 
 	slices.Sort(changes)
 	changes = slices.Compact(changes)

@@ -212,6 +212,10 @@ type Result struct {
 	// (requests per second), and Targets its max-min fair share of the
 	// limit by offered load then.
 	Rates, Targets []float64
+	// UsedLast is what the fleet admitted in the last window of the run
+	// over what it could have (the lesser of its offered load and the
+	// limit): the share of the limit used in steady state.
+	UsedLast float64
 	// FairnessError is the sum over clients of |rate − target|, over the
 	// limit's rate, in the last window of the run.
 	FairnessError float64
@@ -224,8 +228,8 @@ type Result struct {
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%s: peak %.3f× (settled %.3f×), used %.1f %%, fairness error %.1f %%, converged %v, rates %.0f, targets %.0f, %d protocol errors",
-		r.Scenario, r.Peak, r.PeakSettled, 100*r.Used, 100*r.FairnessError, r.Converged, r.Rates, r.Targets, len(r.Errors))
+	return fmt.Sprintf("%s: peak %.3f× (settled %.3f×), used %.1f %% (steady %.1f %%), fairness error %.1f %%, converged %v, rates %.0f, targets %.0f, %d protocol errors",
+		r.Scenario, r.Peak, r.PeakSettled, 100*r.Used, 100*r.UsedLast, 100*r.FairnessError, r.Converged, r.Rates, r.Targets, len(r.Errors))
 }
 
 // fairShares returns the max-min fair shares of rate among offered.

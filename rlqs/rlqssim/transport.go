@@ -26,7 +26,7 @@ type InProcess struct {
 func NewInProcess(rules *descriptors.Set, opts rlqs.Options) (*InProcess, error) {
 	t := &InProcess{rules: rules, opts: opts, clock: testclock.At(0)}
 	if t.opts.Tick == 0 {
-		t.opts.Tick = time.Second
+		t.opts.Tick = 500 * time.Millisecond
 	}
 	if err := t.start(); err != nil {
 		return nil, err
