@@ -72,7 +72,10 @@ func (b *bucket) pooled() bool { return len(b.pools) > 0 }
 
 // record takes one usage report of b at now.
 func (b *bucket) record(now time.Duration, u *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage) {
-	allowed, denied := float64(u.GetNumRequestsAllowed()), float64(u.GetNumRequestsDenied())
+	// Counts past a limit's maximum claim no more than it (a demand counts
+	// for at most the limit); capping them keeps every sum finite.
+	allowed := min(float64(u.GetNumRequestsAllowed()), window.MaxLimit)
+	denied := min(float64(u.GetNumRequestsDenied()), window.MaxLimit)
 	offered := allowed + denied
 	if offered > 0 {
 		b.lastUsed = now

@@ -94,6 +94,7 @@ func (s *Server) match(b *bucket) {
 	b.ruleID, b.pools, b.shadow, b.fixed = "", nil, false, allowAll
 	r, entries := s.rules.MatchUnordered(b.stream.domain, b.id.GetBucket())
 	if r == nil || r.Unlimited {
+		b.current, b.held = assignment{kind: allowAll}, assignment{kind: allowAll}
 		return
 	}
 	b.ruleID = r.ID
@@ -107,6 +108,7 @@ func (s *Server) match(b *bucket) {
 		case l.RequestsPerUnit == 0:
 			if !shadow {
 				b.fixed = denyAll
+				b.current, b.held = assignment{kind: denyAll}, assignment{kind: denyAll}
 				return
 			}
 			continue
@@ -121,6 +123,7 @@ func (s *Server) match(b *bucket) {
 		minWin = min(minWin, p.window)
 	}
 	if len(pools) == 0 {
+		b.current, b.held = assignment{kind: b.fixed}, assignment{kind: b.fixed}
 		return
 	}
 	b.pools, b.shadow, b.minWin = pools, shadow, minWin

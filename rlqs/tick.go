@@ -30,7 +30,13 @@ func (s *Server) Tick() {
 
 	if s.rematch {
 		s.rematch = false
-		s.eachBucket(func(b *bucket) { s.match(b) })
+		s.eachBucket(func(b *bucket) {
+			before := b.current
+			s.match(b)
+			if !b.pooled() && b.current != before && !b.stream.closed {
+				out[b.stream] = append(out[b.stream], s.sendAction(b, now))
+			}
+		})
 	}
 	for b := range s.orphans {
 		if now >= b.ttlEnd {
