@@ -40,18 +40,25 @@ func (p *pool) holdTokens() float64 { return max(1, p.reserve/2) }
 // divide sets, for each member of a live stream, target to at most its
 // max-min fair share of what the pool has left once the members of closed
 // streams (whose assignments run on until their TTL ends), the reserve
-// and minBurst tokens per member are taken out. While learning, no member
-// gets more than it claims.
+// and minBurst tokens per member are taken out. While the server learns
+// (its first TTL), a pool that has a bucket with inherited usage gives no
+// member more than it claims.
 func (p *pool) divide(learning bool) {
 	live := make([]*bucket, 0, len(p.members))
 	orphaned := 0.0
+	inherited := false
 	for b := range p.members {
 		if b.stream.closed {
 			orphaned += b.current.cost(p.window)
 			continue
 		}
 		live = append(live, b)
+		inherited = inherited || b.inherited
 	}
+	// Only a pool with a bucket that reports time from before this server
+	// learns: with none, no Envoy holds a previous server's assignment
+	// for it (a fresh start, or a limit no Envoy had a bucket for).
+	learning = learning && inherited
 	if len(live) == 0 {
 		return
 	}

@@ -19,9 +19,11 @@ import (
 type Server struct {
 	opts    Options
 	metrics *metrics
-	// learnUntil ends the learning period after start: until then no bucket
-	// is given more than it reported admitting, since the assignments a
-	// previous server handed out may still be in force.
+	// learnUntil ends the learning period after start (one TTL and a
+	// tick): until then, in a pool where some Envoy reports usage from
+	// before this server (a restart), no bucket is given more than it
+	// reported admitting, since a previous server's assignments may still
+	// be in force.
 	learnUntil time.Duration
 
 	mu         sync.Mutex
