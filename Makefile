@@ -18,7 +18,7 @@ SOAK ?= 3m
 # staticcheck's version for `make lint` (installed with go install when missing).
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: run test check lint bench figures soak check-config accuracy loadtest compare mutate
+.PHONY: run test check lint bench figures soak check-config accuracy loadtest compare mutate rlqs-sim
 
 run:
 	EXAMPLE_RULES=true $(GO) run ./cmd/ratelimit
@@ -41,7 +41,7 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCH_COUNT) -benchtime $(BENCH_TIME) $(BENCH_PKGS)
 
-# Re-measure every figure of docs/benchmarks.md and docs/accuracy.md: each
+# Re-measure every figure of docs/benchmarks.md, docs/accuracy.md and docs/rlqs.md: each
 # block's command runs and its output replaces the block, stamped with the
 # commit, date and CPU (FIGURES='regex' limits it to matching commands).
 # Slow (the load tests and every benchmark): run it on an idle machine.
@@ -60,6 +60,12 @@ soak:
 # virtual clock (deterministic tables; see docs/accuracy.md).
 accuracy:
 	$(GO) run ./cmd/accuracy
+
+# The RLQS fleet simulator: simulated Envoy rate_limit_quota filters against
+# the RLQS server on a virtual clock, scored per window (docs/rlqs.md).
+# RLQS_SIM_ARGS='-addr 127.0.0.1:8081' runs the fleet against a running binary.
+rlqs-sim:
+	$(GO) run ./cmd/rlqs-sim $(RLQS_SIM_ARGS)
 
 # Load test of the real binary over loopback gRPC next to an empty-handler
 # ceiling (see docs/benchmarks.md); LOADTEST_FLAGS=-backend both adds Redis.

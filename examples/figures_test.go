@@ -20,7 +20,7 @@ import (
 func TestFigureCommandsExist(t *testing.T) {
 	makefile := string(readFile(t, "../Makefile"))
 	n := 0
-	for _, doc := range []string{"docs/benchmarks.md", "docs/accuracy.md"} {
+	for _, doc := range []string{"docs/benchmarks.md", "docs/accuracy.md", "docs/rlqs.md"} {
 		blocks, err := figures.Parse(string(readFile(t, "../"+doc)))
 		if err != nil {
 			t.Fatalf("%s: %v", doc, err)

@@ -1,6 +1,6 @@
 // Command figures re-measures the figures of the docs (`make figures`): it
-// runs the command of every figure block of docs/benchmarks.md and
-// docs/accuracy.md (see internal/figures) from the repository's root, and
+// runs the command of every figure block of docs/benchmarks.md,
+// docs/accuracy.md and docs/rlqs.md (see internal/figures) from the repository's root, and
 // writes its output into the block under a stamp naming the command, the
 // commit, the date, the CPU and the Go version. -only limits it to the
 // blocks whose command matches a regular expression. Run it on an idle
@@ -24,7 +24,7 @@ import (
 )
 
 // docs are the files that hold measured figures.
-var docs = []string{"docs/benchmarks.md", "docs/accuracy.md"}
+var docs = []string{"docs/benchmarks.md", "docs/accuracy.md", "docs/rlqs.md"}
 
 func main() {
 	only := flag.String("only", "", "run only the blocks whose command matches this regular expression")
