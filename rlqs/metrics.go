@@ -18,6 +18,7 @@ type metrics struct {
 	reports                                           prometheus.Counter
 	unknownDomainReports                              prometheus.Counter
 	capped                                            prometheus.Counter
+	ledgerErrors                                      prometheus.Counter
 	abandoned, changes                                *prometheus.CounterVec
 	tick                                              prometheus.Histogram
 }
@@ -38,6 +39,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "RLQS reports on streams whose domain has no rules (their buckets get ALLOW_ALL)."}),
 		capped: prometheus.NewCounter(prometheus.CounterOpts{Name: "leapgate_rlqs_buckets_capped_total",
 			Help: "New RLQS buckets answered without being tracked, past RLQS_MAX_BUCKETS_PER_STREAM or RLQS_MAX_BUCKETS_PER_DOMAIN."}),
+		ledgerErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "leapgate_rlqs_ledger_errors_total",
+			Help: "RLQS allocation ticks whose division through the shared ledger (Redis) failed; assignments then stay as they are."}),
 		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leapgate_rlqs_buckets_abandoned_total",
 			Help: "RLQS buckets dropped: idle (abandoned after RLQS_BUCKET_IDLE without requests) or expired (of a closed stream, once its assignment expired)."}, []string{"reason"}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leapgate_rlqs_assignment_changes_total",
@@ -50,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.streams, m.buckets, m.demand, m.assigned, m.shadow, m.limit, m.reports,
-		m.unknownDomainReports, m.capped, m.abandoned, m.changes, m.tick} {
+		m.unknownDomainReports, m.capped, m.ledgerErrors, m.abandoned, m.changes, m.tick} {
 		errs = append(errs, reg.Register(c))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -43,6 +43,10 @@ type Options struct {
 	// ShadowMode answers every bucket ALLOW_ALL while allocating as usual
 	// (SHADOW_MODE), as a rule's shadow_mode does for its buckets.
 	ShadowMode bool
+	// Ledger, when set, shares the division of every limit with the other
+	// replicas that serve RLQS (package redisstore's QuotaLedger); if nil,
+	// this replica divides each limit among its own streams alone.
+	Ledger Ledger
 	// StreamIdle ends a stream that has sent nothing for so long
 	// (RLQS_STREAM_IDLE_TIMEOUT); 0 never does. The server enforces it
 	// (grpcservice.StreamPolicy).

@@ -20,6 +20,14 @@ type pool struct {
 	// committed is the sum over members of the cost of what they may
 	// enforce (their held assignments).
 	committed float64
+	// The pool's last division: its level and spare, the grant left for
+	// this tick's raises, and the replicas sharing the pool. learning is
+	// set while the pool learns (see claim).
+	level, spare, grant float64
+	replicas            int
+	learning            bool
+	// holds is the cost of the holds given since the last tick.
+	holds float64
 }
 
 // newPool returns an empty pool of limit requests per window.
@@ -37,59 +45,67 @@ func newPool(key, domain, ruleID string, limit uint32, w time.Duration) *pool {
 // half of the reserve, at least one token.
 func (p *pool) holdTokens() float64 { return max(1, p.reserve/2) }
 
-// divide sets, for each member of a live stream, target to at most its
-// max-min fair share of what the pool has left once the members of closed
-// streams (whose assignments run on until their TTL ends), the reserve
-// and minBurst tokens per member are taken out. While the server learns
-// (its first TTL), a pool that has a bucket with inherited usage gives no
-// member more than it claims.
-func (p *pool) divide(learning bool) {
-	live := make([]*bucket, 0, len(p.members))
-	orphaned := 0.0
+// claim returns the pool's claim as this replica sees it, with its live
+// members and their demands (tokens per window): the members of closed
+// streams are fixed at their assignments until they expire, the others
+// claim their demand (see bucket.demandIn). While the server learns (its
+// first TTL), a pool with a member that reports usage from before this
+// server claims for each member no more than it was admitting: with none,
+// no Envoy holds a previous server's assignment for it (a fresh start).
+func (p *pool) claim(learning bool, hold time.Duration) (c Claim, live []*bucket, demands []float64) {
+	c = Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve, Hold: hold}
 	inherited := false
 	for b := range p.members {
 		if b.stream.closed {
-			orphaned += b.current.cost(p.window)
+			c.Fixed += b.current.cost(p.window)
 			continue
 		}
 		live = append(live, b)
+		c.Committed += b.held.cost(p.window)
 		inherited = inherited || b.inherited
 	}
-	// Only a pool with a bucket that reports time from before this server
-	// learns: with none, no Envoy holds a previous server's assignment
-	// for it (a fresh start, or a limit no Envoy had a bucket for).
-	learning = learning && inherited
-	if len(live) == 0 {
-		return
-	}
-	demands := make([]float64, len(live))
-	shares := make([]float64, len(live))
+	p.learning = learning && inherited
+	demands = make([]float64, len(live))
 	for i, b := range live {
-		demands[i] = b.demandIn(p, learning)
+		demands[i] = b.demandIn(p, p.learning)
 	}
-	// Every member's burst is at least minBurst; a large share's is
-	// burstShare of it, so a second pass takes out what those add.
-	capacity := p.limit - p.reserve - orphaned - minBurst*float64(len(live))
-	maxMinShares(capacity, demands, shares)
-	extra := 0.0
-	for _, s := range shares {
-		extra += max(0, math.Floor(burstShare*s)-minBurst)
-	}
-	if extra > 0 {
-		maxMinShares(capacity-extra, demands, shares)
-	}
-	for i, b := range live {
-		if learning {
-			shares[i] = min(shares[i], demands[i])
+	c.Demands, c.Weights = summarize(demands, p.limit)
+	c.Want = p.limit
+	if p.level > 0 || p.spare > 0 {
+		c.Want = 0
+		for i, b := range live {
+			t := b.tokenBucket(p.share(demands[i]) / p.window)
+			c.Want += max(0, t.cost(p.window)-b.held.cost(p.window))
 		}
-		b.target = min(b.target, shares[i]/p.window)
+	}
+	return c, live, demands
+}
+
+// share is a member's share of the pool by the last division, tokens per
+// window: the lesser of its demand and the level, plus the spare; while
+// learning, no more than its demand.
+func (p *pool) share(demand float64) float64 {
+	s := min(demand, p.level) + p.spare
+	if p.learning {
+		s = min(s, demand)
+	}
+	return s
+}
+
+// divide takes the pool's division: each live member's target is at most
+// its share, and the raises of this tick may add at most the grant to the
+// pool's committed cost.
+func (p *pool) divide(d Division, live []*bucket, demands []float64) {
+	p.level, p.spare, p.grant, p.replicas = d.Level, d.Spare, d.Grant, max(d.Replicas, 1)
+	for i, b := range live {
+		b.target = min(b.target, p.share(demands[i])/p.window)
 	}
 }
 
-// room is the most rate b may be given in p: what keeps the pool's
-// committed cost within its limit less the reserve, counting b's burst.
-func (p *pool) room(b *bucket) float64 {
-	free := p.limit - p.reserve - (p.committed - b.held.cost(p.window))
+// raise returns the most rate b may be raised to in p: what adds at most
+// the pool's grant left to its cost, counting b's burst.
+func (p *pool) raise(b *bucket) float64 {
+	free := p.grant + b.held.cost(p.window)
 	return min((free-minBurst)/p.window, free/(p.window+burstShare*b.minWin))
 }
 
@@ -154,14 +170,21 @@ func (s *Server) detach(b *bucket) {
 }
 
 // hold gives a new pooled bucket its first assignment: a hold of each
-// pool's reserve, as far as it is free; DENY_ALL when it is not.
+// pool's reserve, as far as it is free (shared by the replicas of the
+// pool, with a ledger); DENY_ALL when it is not.
 func (s *Server) hold(b *bucket) {
 	rate := math.Inf(1)
 	for _, p := range b.pools {
 		free := p.limit - p.committed - minBurst
+		if s.opts.Ledger != nil {
+			free = p.reserve/float64(max(p.replicas, 1)) - p.holds - minBurst
+		}
 		rate = min(rate, min(free, p.holdTokens())/p.window)
 	}
 	s.change(b, b.tokenBucket(rate))
+	for _, p := range b.pools {
+		p.holds += b.current.cost(p.window)
+	}
 }
 
 // change makes a b's current assignment. An increase counts in its pools

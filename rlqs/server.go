@@ -8,6 +8,7 @@ import (
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/logthrottle"
 )
 
 // Server divides each rule's limit among the Envoys that report usage on
@@ -26,7 +27,11 @@ type Server struct {
 	// be in force.
 	learnUntil time.Duration
 
-	mu         sync.Mutex
+	// warn throttles the warnings of a failing ledger.
+	warn logthrottle.Throttle
+
+	mu          sync.Mutex
+	lastDivided time.Duration // when the limits were last divided
 	rules      *descriptors.Set
 	rematch    bool // rules changed since the last tick
 	streams    map[*Stream]struct{}

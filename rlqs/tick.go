@@ -1,6 +1,8 @@
 package rlqs
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -67,12 +69,13 @@ func (s *Server) Tick() {
 	for _, b := range live {
 		b.target = math.Inf(1)
 	}
-	for _, p := range s.pools {
-		p.divide(learning)
-	}
+	divided := s.divide(learning)
 
 	var raises []*bucket
 	for _, b := range live {
+		if !divided {
+			break // no division this tick: assignments stay as they are
+		}
 		t := b.tokenBucket(b.target)
 		switch {
 		case lower(t, b.current, hysteresis):
@@ -86,7 +89,7 @@ func (s *Server) Tick() {
 	// Within the hysteresis a pool could stay above its limit: cut every
 	// member still above its target.
 	for _, p := range s.pools {
-		if s.currentCost(p) <= p.limit {
+		if !divided || s.currentCost(p) <= p.limit {
 			continue
 		}
 		for b := range p.members {
@@ -101,18 +104,24 @@ func (s *Server) Tick() {
 	for _, b := range raises {
 		rate := b.target
 		for _, p := range b.pools {
-			rate = min(rate, p.room(b))
+			rate = min(rate, p.raise(b))
 		}
 		if a := b.tokenBucket(rate); lower(b.current, a, hysteresis) {
+			for _, p := range b.pools {
+				p.grant -= max(0, a.cost(p.window)-b.held.cost(p.window))
+			}
 			s.change(b, a)
 			s.metrics.changes.WithLabelValues("raise").Inc()
 			out[b.stream] = append(out[b.stream], s.sendAction(b, now))
 		}
 	}
 
+	// Without a division for a TTL (the ledger unreachable), assignments
+	// are no longer refreshed: they expire, and Envoy falls back.
+	refresh := s.opts.Ledger == nil || now-s.lastDivided <= s.opts.AssignmentTTL
 	for st := range s.streams {
 		for _, b := range st.buckets {
-			if b.sentAt != now && b.ttlEnd-now <= s.opts.AssignmentTTL/2 {
+			if refresh && b.sentAt != now && b.ttlEnd-now <= s.opts.AssignmentTTL/2 {
 				out[st] = append(out[st], s.sendAction(b, now))
 			}
 		}
@@ -124,6 +133,57 @@ func (s *Server) Tick() {
 		}
 	}
 	s.metrics.tick.Observe(time.Since(started).Seconds())
+}
+
+// divide divides every pool, through the ledger when there is one, and
+// reports whether it could: false when the ledger failed (logged, counted),
+// and then the pools keep their last division.
+func (s *Server) divide(learning bool) bool {
+	type pending struct {
+		p       *pool
+		live    []*bucket
+		demands []float64
+	}
+	work := make([]pending, 0, len(s.pools))
+	claims := make([]Claim, 0, len(s.pools))
+	hold := 2*s.opts.AssignmentTTL + s.opts.Tick
+	for _, p := range s.pools {
+		c, live, demands := p.claim(learning, hold)
+		p.holds = 0
+		if len(live) == 0 && c.Fixed == 0 {
+			continue
+		}
+		work = append(work, pending{p, live, demands})
+		claims = append(claims, c)
+	}
+	if len(claims) == 0 {
+		s.lastDivided = s.opts.Clock.Now()
+		return true
+	}
+	var divisions []Division
+	if s.opts.Ledger == nil {
+		for _, c := range claims {
+			divisions = append(divisions, divideLocal(c))
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.Tick)
+		var err error
+		divisions, err = s.opts.Ledger.Divide(ctx, claims)
+		cancel()
+		if err == nil && len(divisions) != len(claims) {
+			err = fmt.Errorf("the ledger answered %d divisions for %d claims", len(divisions), len(claims))
+		}
+		if err != nil {
+			s.metrics.ledgerErrors.Inc()
+			s.warn.Warn(s.opts.Logger, "RLQS: dividing the limits through the ledger failed; assignments stay as they are, and are no longer refreshed after a TTL", "error", err)
+			return false
+		}
+	}
+	for i, w := range work {
+		w.p.divide(divisions[i], w.live, w.demands)
+	}
+	s.lastDivided = s.opts.Clock.Now()
+	return true
 }
 
 // lower reports whether a admits less than b by more than the share h of
