@@ -92,19 +92,19 @@ func summarize(demands []float64, limit float64) (points, weights []float64) {
 // same arithmetic as a Ledger's, over this replica's claim, with all the
 // room left granted (no other replica needs it).
 func divideLocal(c Claim) Division {
-	level, spare := waterLevel(c.Limit-c.Reserve-c.Fixed-minBurst*sum(c.Weights), c.Demands, c.Weights)
+	level, spare := waterLevel(c.Limit-c.Reserve-c.Fixed-MinBurst*sum(c.Weights), c.Demands, c.Weights)
 	return Division{Level: level, Spare: spare, Replicas: 1, Grant: math.Max(0, c.Limit-c.Reserve-c.Fixed-c.Committed)}
 }
 
 // waterLevel is the max-min division of capacity among weighted demand
 // points (sorted or not), with a second pass that takes out what the
-// bursts of large shares add beyond minBurst: the level (+Inf when every
+// bursts of large shares add beyond MinBurst: the level (+Inf when every
 // demand fits) and the spare each claim gets on top.
 func waterLevel(capacity float64, demands, weights []float64) (level, spare float64) {
 	level, spare = fill(capacity, demands, weights)
 	extra := 0.0
 	for i, d := range demands {
-		extra += weights[i] * math.Max(0, math.Floor(burstShare*(math.Min(d, level)+spare))-minBurst)
+		extra += weights[i] * math.Max(0, math.Floor(BurstShare*(math.Min(d, level)+spare))-MinBurst)
 	}
 	if extra > 0 {
 		level, spare = fill(capacity-extra, demands, weights)

@@ -106,7 +106,7 @@ func (p *pool) divide(d Division, live []*bucket, demands []float64) {
 // the pool's grant left to its cost, counting b's burst.
 func (p *pool) raise(b *bucket) float64 {
 	free := p.grant + b.held.cost(p.window)
-	return min((free-minBurst)/p.window, free/(p.window+burstShare*b.minWin))
+	return min((free-MinBurst)/p.window, free/(p.window+BurstShare*b.minWin))
 }
 
 // match matches b against the rules and puts it into the pools of its
@@ -175,9 +175,9 @@ func (s *Server) detach(b *bucket) {
 func (s *Server) hold(b *bucket) {
 	rate := math.Inf(1)
 	for _, p := range b.pools {
-		free := p.limit - p.committed - minBurst
+		free := p.limit - p.committed - MinBurst
 		if s.opts.Ledger != nil {
-			free = p.reserve/float64(max(p.replicas, 1)) - p.holds - minBurst
+			free = p.reserve/float64(max(p.replicas, 1)) - p.holds - MinBurst
 		}
 		rate = min(rate, min(free, p.holdTokens())/p.window)
 	}

@@ -32,13 +32,13 @@ type Server struct {
 
 	mu          sync.Mutex
 	lastDivided time.Duration // when the limits were last divided
-	rules      *descriptors.Set
-	rematch    bool // rules changed since the last tick
-	streams    map[*Stream]struct{}
-	orphans    map[*bucket]struct{} // buckets of closed streams, until their TTL ends
-	pools      map[string]*pool     // by counter key
-	perDomain  map[string]int       // tracked buckets per domain, orphans included
-	nextStream uint64
+	rules       *descriptors.Set
+	rematch     bool // rules changed since the last tick
+	streams     map[*Stream]struct{}
+	orphans     map[*bucket]struct{} // buckets of closed streams, until their TTL ends
+	pools       map[string]*pool     // by counter key
+	perDomain   map[string]int       // tracked buckets per domain, orphans included
+	nextStream  uint64
 }
 
 // New returns a Server with no rules (every bucket ALLOW_ALL until

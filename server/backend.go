@@ -10,12 +10,16 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/redisstore"
+	"github.com/leapgate/leapgate/rlqs"
 	"github.com/leapgate/leapgate/window"
 )
 
 // backend is the limiter chosen by BACKEND_TYPE with its background work.
 type backend struct {
 	limiter window.Limiter
+	// ledger shares RLQS's division of the limits among the replicas on
+	// the same backend (nil in memory: each replica divides alone).
+	ledger rlqs.Ledger
 	// run does the backend's background work until ctx is done.
 	run func(ctx context.Context)
 	// close releases the backend's resources.

@@ -25,7 +25,7 @@ func CheckConfig(dir string, settings config.Settings, w io.Writer) bool {
 	set, err := descriptors.Load(dir, ruleOptions(settings))
 	if err == nil {
 		var targets ruleTargets
-		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), backendChecker(settings.BackendType), window.NewMonotonicClock(),
+		targets, err = newRuleTargets(settings, window.NewStore(window.StoreOptions{}), backendChecker(settings.BackendType), nil, window.NewMonotonicClock(),
 			prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 		if err == nil {
 			err = targets.sinks.CheckRules(set)

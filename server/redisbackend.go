@@ -89,6 +89,7 @@ func newRedisBackend(s config.Settings, reg prometheus.Registerer, logger *slog.
 	errorMode := opts.FailureMode == redisstore.FailError
 	return backend{
 		limiter: limiter,
+		ledger:  store.QuotaLedger(),
 		run: func(ctx context.Context) {
 			if local.run != nil {
 				local.run(ctx) // sweeps the fallback's idle counters

@@ -86,8 +86,9 @@ type ruleTargets struct {
 // service that consults it, from settings: the one place that maps the
 // settings to them, for the server and for CheckConfig alike. checker, when
 // not nil, replaces limiter's own request checks (CheckConfig has no
-// backend, only the configured backend's checks).
-func newRuleTargets(settings config.Settings, limiter window.Limiter, checker window.RequestChecker, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
+// backend, only the configured backend's checks); ledger, when not nil,
+// shares RLQS's division with the other replicas (the Redis backend's).
+func newRuleTargets(settings config.Settings, limiter window.Limiter, checker window.RequestChecker, ledger rlqs.Ledger, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
 	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("BREAKER_HEADERS: %w", err)
@@ -135,6 +136,7 @@ func newRuleTargets(settings config.Settings, limiter window.Limiter, checker wi
 			MaxBucketsPerDomain: settings.RLQSMaxBucketsPerDomain,
 			ShadowMode:          settings.ShadowMode,
 			StreamIdle:          settings.RLQSStreamIdleTimeout,
+			Ledger:              ledger,
 		})
 		if err != nil {
 			return ruleTargets{}, fmt.Errorf("creating the RLQS server: %w", err)

@@ -150,7 +150,7 @@ func New(settings config.Settings, logger *slog.Logger, opts ...Option) (_ *Serv
 		limiter = o.wrapLimiter(limiter)
 	}
 	s.clock = window.NewMonotonicClock()
-	targets, err := newRuleTargets(settings, limiter, nil, s.clock, s.registry, logger)
+	targets, err := newRuleTargets(settings, limiter, nil, b.ledger, s.clock, s.registry, logger)
 	if err != nil {
 		return nil, err
 	}
