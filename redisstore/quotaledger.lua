@@ -5,7 +5,8 @@
 -- weighted demand points, and grants this replica as much of a raise as
 -- the limit leaves once every replica's committed cost is counted; the
 -- grant is recorded as committed at once, so that no other replica can be
--- granted the same capacity.
+-- granted the same capacity. A claim with no demand and nothing fixed,
+-- committed or wanted withdraws the replica's claim.
 --
 -- ARGV: replica, hold_ms, limit, reserve, fixed, committed, want,
 -- min_burst, burst_share, then demand and weight pairs.
@@ -81,10 +82,16 @@ if extra > 0 then level, spare = fill(capacity - extra) end
 
 local room = limit - reserve - total_fixed - others_committed - committed
 local grant = math.max(0, math.min(want, room))
-local entry = {string.format('%d', now + hold), ARGV[5], string.format('%.17g', committed + grant)}
-for _, v in ipairs(mine) do entry[#entry + 1] = v end
-redis.call('HSET', key, me, table.concat(entry, ' '))
-redis.call('PEXPIRE', key, hold)
+if #mine == 0 and fixed == 0 and committed == 0 and want == 0 then
+  -- a withdrawal: this replica no longer serves the limit
+  redis.call('HDEL', key, me)
+  replicas = replicas - 1
+else
+  local entry = {string.format('%d', now + hold), ARGV[5], string.format('%.17g', committed + grant)}
+  for _, v in ipairs(mine) do entry[#entry + 1] = v end
+  redis.call('HSET', key, me, table.concat(entry, ' '))
+  redis.call('PEXPIRE', key, hold)
+end
 local lv = 'inf'
 if level then lv = string.format('%.17g', level) end
 return {lv, string.format('%.17g', spare), string.format('%.17g', grant), replicas}

@@ -67,6 +67,34 @@ func TestQuotaLedgerDividesAcrossReplicas(t *testing.T) {
 	}
 }
 
+// TestQuotaLedgerWithdrawal: a claim of no demand and nothing committed
+// withdraws the replica's claim at once: the other replica is granted
+// what it held without waiting for its hold to end.
+func TestQuotaLedgerWithdrawal(t *testing.T) {
+	r := redistest.Start(t)
+	st := newTestStore(t, settingsFor(r.Addr()), Options{})
+	a, b := st.QuotaLedger(), st.QuotaLedger()
+	ctx := context.Background()
+	if _, err := a.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)}); err != nil {
+		t.Fatal(err)
+	}
+	w := rlqs.Claim{Key: "k", Limit: 400, Reserve: 4, Hold: time.Minute}
+	d, err := a.Divide(ctx, []rlqs.Claim{w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d[0].Replicas != 0 || d[0].Grant != 0 {
+		t.Fatalf("the withdrawal answered %+v, want no replica left and nothing granted", d[0])
+	}
+	d, err = b.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d[0].Replicas != 1 || d[0].Grant != 396 {
+		t.Fatalf("after a's withdrawal: %+v, want b alone and granted it all", d[0])
+	}
+}
+
 // TestQuotaLedgerNeverGrantsTwice: 8 replicas claiming the whole limit at
 // once are granted no more than it in total, and all of it.
 func TestQuotaLedgerNeverGrantsTwice(t *testing.T) {

@@ -17,7 +17,9 @@ type Ledger interface {
 	// key, forgets the claims of replicas that have not renewed theirs
 	// within their Hold, and returns one Division per claim, in order.
 	// The Grant of a Division is reserved for this replica until its next
-	// claim on the key.
+	// claim on the key. A claim with no demand points and nothing fixed,
+	// committed or wanted withdraws this replica's claim on the key (the
+	// replica no longer serves it): its capacity is free at once.
 	Divide(ctx context.Context, claims []Claim) ([]Division, error)
 }
 

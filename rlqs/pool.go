@@ -28,6 +28,9 @@ type pool struct {
 	learning            bool
 	// holds is the cost of the holds given since the last tick.
 	holds float64
+	// claimed is set while the ledger holds a claim of this replica on
+	// the pool (cleared once it is withdrawn).
+	claimed bool
 }
 
 // newPool returns an empty pool of limit requests per window.
@@ -79,6 +82,12 @@ func (p *pool) claim(learning bool, hold time.Duration) (c Claim, live []*bucket
 		}
 	}
 	return c, live, demands
+}
+
+// withdrawal is the claim that withdraws this replica's claim on the pool:
+// no demand, nothing fixed or committed (see Ledger).
+func (p *pool) withdrawal() Claim {
+	return Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve}
 }
 
 // share is a member's share of the pool by the last division, tokens per
@@ -164,6 +173,9 @@ func (s *Server) detach(b *bucket) {
 		p.committed -= b.held.cost(p.window)
 		if len(p.members) == 0 {
 			delete(s.pools, p.key)
+			if p.claimed {
+				s.withdraw[p.key] = p.withdrawal()
+			}
 		}
 	}
 	b.pools = nil

@@ -37,6 +37,7 @@ type Server struct {
 	streams     map[*Stream]struct{}
 	orphans     map[*bucket]struct{} // buckets of closed streams, until their TTL ends
 	pools       map[string]*pool     // by counter key
+	withdraw    map[string]Claim     // ledger claims to withdraw on the next tick, by counter key
 	perDomain   map[string]int       // tracked buckets per domain, orphans included
 	nextStream  uint64
 }
@@ -53,6 +54,7 @@ func New(opts Options) (*Server, error) {
 		streams:   map[*Stream]struct{}{},
 		orphans:   map[*bucket]struct{}{},
 		pools:     map[string]*pool{},
+		withdraw:  map[string]Claim{},
 		perDomain: map[string]int{},
 	}
 	s.learnUntil = opts.Clock.Now() + opts.AssignmentTTL + opts.Tick

@@ -15,6 +15,11 @@ import (
 // change only when it matters.
 const hysteresis = 1.0 / 100
 
+// raiseHysteresis is the least relative raise worth a new assignment:
+// smaller than a cut's, so that a bucket limited by the level ends within
+// half a percent of its share.
+const raiseHysteresis = 1.0 / 200
+
 // Tick divides every limit anew and sends what changed. In order: buckets
 // of closed streams whose assignments have expired free their share;
 // buckets that reported no request for Options.BucketIdle are abandoned;
@@ -82,7 +87,7 @@ func (s *Server) Tick() {
 			s.change(b, t)
 			s.metrics.changes.WithLabelValues("cut").Inc()
 			out[b.stream] = append(out[b.stream], s.sendAction(b, now))
-		case lower(b.current, t, hysteresis):
+		case lower(b.current, t, raiseHysteresis):
 			raises = append(raises, b)
 		}
 	}
@@ -106,7 +111,7 @@ func (s *Server) Tick() {
 		for _, p := range b.pools {
 			rate = min(rate, p.raise(b))
 		}
-		if a := b.tokenBucket(rate); lower(b.current, a, hysteresis) {
+		if a := b.tokenBucket(rate); lower(b.current, a, raiseHysteresis) {
 			for _, p := range b.pools {
 				p.grant -= max(0, a.cost(p.window)-b.held.cost(p.window))
 			}
@@ -151,12 +156,27 @@ func (s *Server) divide(learning bool) bool {
 		c, live, demands := p.claim(learning, hold)
 		p.holds = 0
 		if len(live) == 0 && c.Fixed == 0 {
+			if p.claimed {
+				s.withdraw[p.key] = p.withdrawal()
+			}
 			continue
 		}
+		delete(s.withdraw, p.key) // its claim replaces any withdrawal
 		work = append(work, pending{p, live, demands})
 		claims = append(claims, c)
 	}
-	if len(claims) == 0 {
+	if s.opts.Ledger == nil {
+		clear(s.withdraw)
+	}
+	// A pool this replica no longer serves gives its capacity back at
+	// once rather than when its claim's hold ends.
+	withdrawn := make([]Claim, 0, len(s.withdraw))
+	for _, c := range s.withdraw {
+		c.Hold = hold
+		withdrawn = append(withdrawn, c)
+	}
+	clear(s.withdraw)
+	if len(claims) == 0 && len(withdrawn) == 0 {
 		s.lastDivided = s.opts.Clock.Now()
 		return true
 	}
@@ -168,12 +188,15 @@ func (s *Server) divide(learning bool) bool {
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.Tick)
 		var err error
-		divisions, err = s.opts.Ledger.Divide(ctx, claims)
+		divisions, err = s.opts.Ledger.Divide(ctx, append(claims, withdrawn...))
 		cancel()
-		if err == nil && len(divisions) != len(claims) {
-			err = fmt.Errorf("the ledger answered %d divisions for %d claims", len(divisions), len(claims))
+		if err == nil && len(divisions) != len(claims)+len(withdrawn) {
+			err = fmt.Errorf("the ledger answered %d divisions for %d claims", len(divisions), len(claims)+len(withdrawn))
 		}
 		if err != nil {
+			for _, c := range withdrawn {
+				s.withdraw[c.Key] = c // again on the next tick
+			}
 			s.metrics.ledgerErrors.Inc()
 			s.warn.Warn(s.opts.Logger, "RLQS: dividing the limits through the ledger failed; assignments stay as they are, and are no longer refreshed after a TTL", "error", err)
 			return false
@@ -181,6 +204,7 @@ func (s *Server) divide(learning bool) bool {
 	}
 	for i, w := range work {
 		w.p.divide(divisions[i], w.live, w.demands)
+		w.p.claimed = s.opts.Ledger != nil
 	}
 	s.lastDivided = s.opts.Clock.Now()
 	return true
