@@ -17,6 +17,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // The comparison (-compare): Leapgate in memory, Leapgate on Redis and
@@ -124,7 +126,7 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 		return err
 	}
 
-	rs, redisAddr, err := startRedis(ctx)
+	rs, redisAddr, err := redistest.Spawn(ctx)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leapgate/leapgate/internal/redistest"
 )
 
 // rules is the rule set the service under test serves. Limits are high so
@@ -196,7 +198,7 @@ func run(cfg config, binary, backends string) error {
 		if backend == "redis" {
 			var addr string
 			var err error
-			if redis, addr, err = startRedis(ctx); err != nil {
+			if redis, addr, err = redistest.Spawn(ctx); err != nil {
 				return err
 			}
 			env = append(env, "REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+addr, "REDIS_TYPE=single")

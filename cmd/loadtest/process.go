@@ -132,25 +132,6 @@ func writeRuleFile(ruleDir, rules string) error {
 	return os.WriteFile(filepath.Join(ruleDir, "bench.yaml"), []byte(rules), 0o644)
 }
 
-// startRedis starts a throw-away redis-server on a free loopback port and
-// waits until it accepts connections.
-func startRedis(ctx context.Context) (*exec.Cmd, string, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, "", err
-	}
-	_, port, _ := net.SplitHostPort(addr)
-	cmd, err := startProcess(ctx, "redis-server", nil, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err != nil {
-		return nil, "", fmt.Errorf("starting redis-server (install it with apt-get install redis-server): %w", err)
-	}
-	if err := waitTCP(addr, 10*time.Second); err != nil {
-		stop(cmd)
-		return nil, "", err
-	}
-	return cmd, addr, nil
-}
-
 // listenerEnv picks free loopback ports for a service's four listeners and
 // returns its gRPC and HTTP addresses and the settings that bind them.
 func listenerEnv() (grpcAddr, httpAddr string, env []string) {

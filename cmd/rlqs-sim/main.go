@@ -4,15 +4,21 @@
 //
 // Usage:
 //
-//	go run ./cmd/rlqs-sim [-reports 1s,5s] [-run regexp] [-addr host:port [-token T]]
+//	go run ./cmd/rlqs-sim [-reports 1s,5s] [-run regexp] [-replicas N [-redis host:port]] [-addr host:port [-token T]]
 //
 // Without -addr the server runs in this process on a virtual clock (each
-// 60 s scenario takes a fraction of a second); with -addr the fleet talks
-// to a running binary over gRPC in real time (the binary must serve
-// rlqssim.Rules; the restart scenario is skipped).
+// 60 s scenario takes a fraction of a second). With -replicas N (N > 1),
+// N such servers share each limit's division through redisstore's
+// QuotaLedger on one Redis (-redis, or a redis-server this command starts
+// on a free port), the fleet's streams spread over them in turn; the
+// restart scenario is skipped, since the ledger times its claims by
+// Redis's real clock. With -addr the fleet talks to a running binary over
+// gRPC in real time (the binary must serve rlqssim.Rules; the restart
+// scenario is skipped).
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,6 +29,8 @@ import (
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/rlqs"
 	"github.com/leapgate/leapgate/rlqs/rlqssim"
 )
@@ -42,8 +50,21 @@ func run(args []string, out io.Writer) error {
 	token := fs.String("token", "", "with -addr: the FEED_TOKEN to send")
 	tick := fs.Duration("tick", 500*time.Millisecond, "in process: RLQS_TICK")
 	ttl := fs.Duration("ttl", 4*time.Second, "in process: RLQS_ASSIGNMENT_TTL")
+	replicas := fs.Int("replicas", 1, "in process: the number of replicas sharing the limits through Redis")
+	redisAddr := fs.String("redis", "", "with -replicas: the Redis to share them on (default: a redis-server started on a free port)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *replicas < 1 || (*replicas > 1 && *addr != "") {
+		return errors.New("-replicas: at least 1, and only without -addr")
+	}
+	if *replicas > 1 && *redisAddr == "" {
+		cmd, a, err := redistest.Spawn(context.Background())
+		if err != nil {
+			return err
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		*redisAddr = a
 	}
 	re, err := regexp.Compile(*match)
 	if err != nil {
@@ -55,16 +76,18 @@ func run(args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "| scenario | peak / limit | settled peak | used (steady) | fairness error | converged after | admitted / s | max-min / s | protocol errors |")
 	fmt.Fprintln(out, "|---|---:|---:|---:|---:|---|---|---|---:|")
+	runs := 0
 	for _, r := range strings.Split(*reports, ",") {
 		report, err := time.ParseDuration(strings.TrimSpace(r))
 		if err != nil {
 			return fmt.Errorf("-reports: %w", err)
 		}
 		for _, sc := range rlqssim.Scenarios(report) {
-			if !re.MatchString(sc.Name) || (*addr != "" && len(sc.Restarts) > 0) {
+			if !re.MatchString(sc.Name) || ((*addr != "" || *replicas > 1) && len(sc.Restarts) > 0) {
 				continue
 			}
-			tr, closeTr, err := transport(*addr, *token, set, rlqs.Options{Tick: *tick, AssignmentTTL: *ttl})
+			runs++
+			tr, closeTr, err := transport(target{*addr, *token, *redisAddr, *replicas, runs}, set, rlqs.Options{Tick: *tick, AssignmentTTL: *ttl})
 			if err != nil {
 				return err
 			}
@@ -77,7 +100,34 @@ func run(args []string, out io.Writer) error {
 	return nil
 }
 
-func transport(addr, token string, set *descriptors.Set, opts rlqs.Options) (rlqssim.Transport, func(), error) {
+// target is what the fleet talks to: a binary at addr, or replicas in
+// this process sharing a Redis at redisAddr (each run under its own key
+// prefix, so that one run's claims, held for their hold in Redis's time,
+// do not weigh on the next), or one server in this process.
+type target struct {
+	addr, token, redisAddr string
+	replicas, run          int
+}
+
+func transport(to target, set *descriptors.Set, opts rlqs.Options) (rlqssim.Transport, func(), error) {
+	addr, token := to.addr, to.token
+	if to.replicas > 1 {
+		store, err := redisstore.New(context.Background(), redisstore.Options{Addrs: []string{to.redisAddr}, Timeout: 2 * time.Second,
+			KeyPrefix: fmt.Sprintf("rlqs-sim:%d:%d:", time.Now().UnixNano(), to.run)})
+		if err != nil {
+			return nil, nil, fmt.Errorf("-redis: %w", err)
+		}
+		ledgers := make([]rlqs.Ledger, to.replicas)
+		for i := range ledgers {
+			ledgers[i] = store.QuotaLedger()
+		}
+		tr, err := rlqssim.NewReplicas(set, opts, ledgers)
+		if err != nil {
+			store.Close()
+			return nil, nil, err
+		}
+		return tr, func() { store.Close() }, nil
+	}
 	if addr == "" {
 		tr, err := rlqssim.NewInProcess(set, opts)
 		return tr, func() {}, err
