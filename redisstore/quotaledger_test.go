@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/rlqs"
 )
@@ -142,4 +144,40 @@ func TestQuotaLedgerCluster(t *testing.T) {
 			t.Fatalf("claim %d: %+v, want 396 granted", i, d[i])
 		}
 	}
+}
+
+// BenchmarkQuotaLedgerTick is one replica's RLQS tick on Redis, with two
+// replicas claiming 100 limits (10 demand points each): the wall time of
+// one Divide of 100 claims, pipelined, and Redis's own CPU per limit and
+// tick (INFO commandstats), what a Redis shard pays per limit, replica and
+// tick.
+//
+//	go test ./redisstore -run '^$' -bench QuotaLedgerTick -benchtime 200x
+func BenchmarkQuotaLedgerTick(b *testing.B) {
+	r := redistest.Start(b)
+	st := newTestStore(b, settingsFor(r.Addr()), Options{})
+	ctx := context.Background()
+	claims := make([]rlqs.Claim, 100)
+	for i := range claims {
+		c := ledgerClaim(fmt.Sprint("k", i), 50, 100, 10)
+		for j := 1; j < 10; j++ {
+			c.Demands, c.Weights = append(c.Demands, float64(10*j)), append(c.Weights, 1)
+		}
+		claims[i] = c
+	}
+	a, other := st.QuotaLedger(), st.QuotaLedger()
+	if _, err := other.Divide(ctx, claims); err != nil {
+		b.Fatal(err)
+	}
+	st.client.ConfigResetStat(ctx)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := a.Divide(ctx, claims); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer rc.Close()
+	b.ReportMetric(evalshaMicros(b, rc), "redis-µs/limit")
 }
