@@ -8,6 +8,7 @@ import (
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/rlqs/rlqssim"
 )
 
@@ -49,6 +50,52 @@ func TestBinaryRLQSDividesTheLimit(t *testing.T) {
 		t.Errorf("fairness error %.1f %%, want at most 10 %% on a loaded 2-core machine", 100*r.FairnessError)
 	}
 	rb.stop(t)
+}
+
+// TestBinaryRLQSOnTwoReplicas: two binaries on one redis-server
+// (BACKEND_TYPE=redis) share the division of the limit: a fleet of four
+// simulated filters whose streams alternate between them, offering 300,
+// 300, 300 and 50 requests per second against 400 per second (1 s reports,
+// real time), never admits more than the limit once the first report
+// interval has passed, uses nearly all of it, and ends near the max-min
+// shares (116.7 × 3, 50), where two replicas dividing alone would admit
+// up to twice the limit.
+func TestBinaryRLQSOnTwoReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a fleet for 12 s")
+	}
+	r := redistest.Start(t)
+	root := ruleRoot(t, rlqssim.Rules)
+	var transports []rlqssim.Transport
+	for range 2 {
+		rb := startBinary(t, nil, "RUNTIME_ROOT="+root, "BACKEND_TYPE=redis", "REDIS_URL="+r.Addr())
+		tr, err := rlqssim.DialGRPC(rb.grpcAddr, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		transports = append(transports, tr)
+	}
+	bucket := map[string]string{"name": "api"}
+	client := func(name string, rate float64) rlqssim.Client {
+		return rlqssim.Client{Name: name, Bucket: bucket, Load: []rlqssim.Phase{{At: 0, Rate: rate}}, Report: time.Second}
+	}
+	sc := rlqssim.Scenario{Name: "two replicas", Domain: "rlqs-sim", Limit: 400, Window: time.Second, Duration: 12 * time.Second,
+		Clients: []rlqssim.Client{client("a", 300), client("b", 300), client("c", 300), client("d", 50)}}
+	res := rlqssim.Run(sc, rlqssim.NewSpread(transports...))
+	t.Log(res)
+	if len(res.Errors) > 0 {
+		t.Errorf("protocol errors: %v", res.Errors)
+	}
+	if res.PeakSettled > 1.05 {
+		t.Errorf("peak %.3f × the limit after the first report interval, want at most 1.05", res.PeakSettled)
+	}
+	if res.UsedLast < 0.9 {
+		t.Errorf("the fleet used %.1f %% of the limit at the end, want at least 90 %%", 100*res.UsedLast)
+	}
+	if res.FairnessError > 0.1 {
+		t.Errorf("fairness error %.1f %%, want at most 10 %% on a loaded 2-core machine", 100*res.FairnessError)
+	}
 }
 
 // TestBinaryRLQSLenientReports: Envoy's first report (time_elapsed 0),

@@ -10,11 +10,42 @@ import (
 	"github.com/leapgate/leapgate/rlqs"
 )
 
+// Spread is a Transport over several others, each a replica of the
+// server: streams open on them in turn, as a load balancer spreads Envoys'
+// connections (a filter that reopens its stream lands on the next one),
+// and Tick and Restart go to every one.
+type Spread struct {
+	transports []Transport
+	next       int
+}
+
+// NewSpread returns a Spread over ts (at least one).
+func NewSpread(ts ...Transport) *Spread { return &Spread{transports: ts} }
+
+// Open opens a stream on the next transport in turn.
+func (t *Spread) Open(receive func(*rlqspb.RateLimitQuotaResponse)) (Conn, error) {
+	tr := t.transports[t.next%len(t.transports)]
+	t.next++
+	return tr.Open(receive)
+}
+
+// Tick ticks every transport, in turn.
+func (t *Spread) Tick(now time.Duration) {
+	for _, tr := range t.transports {
+		tr.Tick(now)
+	}
+}
+
+// Restart restarts every transport.
+func (t *Spread) Restart(now time.Duration) {
+	for _, tr := range t.transports {
+		tr.Restart(now)
+	}
+}
+
 // Replicas is a Transport to several rlqs.Server values in this process,
 // each with its own Ledger (package redisstore's QuotaLedger on one Redis,
-// say), on one virtual clock. Streams open on the replicas in turn, as a
-// load balancer spreads Envoys' connections: a filter that reopens its
-// stream lands on the next replica.
+// say), on one virtual clock, spread as Spread does.
 //
 // A ledger that times its claims by its own clock (Redis's) sees the
 // virtual minutes pass in real seconds: claims are renewed every virtual
@@ -22,8 +53,8 @@ import (
 // for its Hold in real time. Restart therefore restarts every replica with
 // the ledger it had, as one fleet of replicas restarting.
 type Replicas struct {
+	*Spread
 	replicas []*InProcess
-	next     int
 }
 
 // NewReplicas returns a transport to one new rlqs.Server per ledger, each
@@ -33,7 +64,7 @@ func NewReplicas(rules *descriptors.Set, opts rlqs.Options, ledgers []rlqs.Ledge
 	if len(ledgers) == 0 {
 		return nil, errors.New("rlqssim: no replicas")
 	}
-	t := &Replicas{}
+	t := &Replicas{Spread: &Spread{}}
 	for _, l := range ledgers {
 		o := opts
 		o.Ledger = l
@@ -42,6 +73,7 @@ func NewReplicas(rules *descriptors.Set, opts rlqs.Options, ledgers []rlqs.Ledge
 			return nil, err
 		}
 		t.replicas = append(t.replicas, r)
+		t.transports = append(t.transports, r)
 	}
 	return t, nil
 }
@@ -53,26 +85,4 @@ func (t *Replicas) Servers() []*rlqs.Server {
 		out[i] = r.Server()
 	}
 	return out
-}
-
-// Open opens a stream on the next replica in turn.
-func (t *Replicas) Open(receive func(*rlqspb.RateLimitQuotaResponse)) (Conn, error) {
-	r := t.replicas[t.next%len(t.replicas)]
-	t.next++
-	return r.Open(receive)
-}
-
-// Tick moves every replica's clock to now and runs the ticks due, the
-// replicas in turn.
-func (t *Replicas) Tick(now time.Duration) {
-	for _, r := range t.replicas {
-		r.Tick(now)
-	}
-}
-
-// Restart restarts every replica: their streams are lost.
-func (t *Replicas) Restart(now time.Duration) {
-	for _, r := range t.replicas {
-		r.Restart(now)
-	}
 }
