@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 //go:embed quotaledger.lua
@@ -22,7 +22,7 @@ var quotaLedgerLua string
 
 var quotaLedgerScript = redis.NewScript(quotaLedgerLua)
 
-// QuotaLedger is the RLQS ledger on Redis (rlqs.Ledger): replicas that
+// QuotaLedger is the RLQS ledger on Redis (quota.Ledger): replicas that
 // share a Redis share the division of every limit. Each limit is one hash
 // (its own hash slot on a Cluster) with one field per replica; one script
 // call per limit and tick, pipelined per node, records this replica's
@@ -51,8 +51,8 @@ func (l *QuotaLedger) quotaKey(key string) string {
 	return l.prefix + "rlqs:{" + hex.EncodeToString(sum[:16]) + "}"
 }
 
-// Divide implements rlqs.Ledger: one pipelined script call per claim.
-func (l *QuotaLedger) Divide(ctx context.Context, claims []rlqs.Claim) ([]rlqs.Division, error) {
+// Divide implements quota.Ledger: one pipelined script call per claim.
+func (l *QuotaLedger) Divide(ctx context.Context, claims []quota.Claim) ([]quota.Division, error) {
 	out, err := l.divide(ctx, claims)
 	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
 		if err := quotaLedgerScript.Load(ctx, l.client).Err(); err != nil {
@@ -63,13 +63,13 @@ func (l *QuotaLedger) Divide(ctx context.Context, claims []rlqs.Claim) ([]rlqs.D
 	return out, err
 }
 
-func (l *QuotaLedger) divide(ctx context.Context, claims []rlqs.Claim) ([]rlqs.Division, error) {
+func (l *QuotaLedger) divide(ctx context.Context, claims []quota.Claim) ([]quota.Division, error) {
 	pipe := l.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(claims))
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 	for i, c := range claims {
 		args := []any{l.replica, c.Hold.Milliseconds(), f(c.Limit), f(c.Reserve), f(c.Fixed), f(c.Committed),
-			f(math.Min(c.Want, c.Limit)), f(rlqs.MinBurst), f(rlqs.BurstShare)}
+			f(math.Min(c.Want, c.Limit)), f(quota.MinBurst), f(quota.BurstShare)}
 		for j := range c.Demands {
 			args = append(args, f(math.Min(c.Demands[j], c.Limit)), f(c.Weights[j]))
 		}
@@ -78,13 +78,13 @@ func (l *QuotaLedger) divide(ctx context.Context, claims []rlqs.Claim) ([]rlqs.D
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("RLQS ledger: %w", err)
 	}
-	out := make([]rlqs.Division, len(claims))
+	out := make([]quota.Division, len(claims))
 	for i, cmd := range cmds {
 		vals, err := cmd.Slice()
 		if err != nil || len(vals) != 4 {
 			return nil, errors.Join(fmt.Errorf("RLQS ledger: unexpected answer %v", vals), err)
 		}
-		var d rlqs.Division
+		var d quota.Division
 		var perr error
 		parse := func(v any) float64 {
 			s, _ := v.(string)

@@ -11,12 +11,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
-	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // ledgerClaim is a claim on a 400-per-window limit of one heavy bucket.
-func ledgerClaim(key string, demand, committed, want float64) rlqs.Claim {
-	return rlqs.Claim{Key: key, Limit: 400, Reserve: 4, Hold: time.Minute,
+func ledgerClaim(key string, demand, committed, want float64) quota.Claim {
+	return quota.Claim{Key: key, Limit: 400, Reserve: 4, Hold: time.Minute,
 		Demands: []float64{demand}, Weights: []float64{1}, Committed: committed, Want: want}
 }
 
@@ -30,14 +30,14 @@ func TestQuotaLedgerDividesAcrossReplicas(t *testing.T) {
 	a, b := st.QuotaLedger(), st.QuotaLedger()
 	ctx := context.Background()
 
-	da, err := a.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)})
+	da, err := a.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 0, 400)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d := da[0]; d.Replicas != 1 || d.Grant != 396 || math.Abs(d.Level-(400-4-2-1)) > 1e-9 {
 		t.Fatalf("one replica: %+v, want the level 393 (less the reserve, a burst and the share's burst) and a grant of 396", d)
 	}
-	db, err := b.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400), ledgerClaim("other", 1000, 0, 400)})
+	db, err := b.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 0, 400), ledgerClaim("other", 1000, 0, 400)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,19 +48,19 @@ func TestQuotaLedgerDividesAcrossReplicas(t *testing.T) {
 		t.Fatalf("another limit: %+v, want it untouched by the first", d)
 	}
 	// a cuts to its share; only then can b be granted the rest.
-	da, _ = a.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 198, 0)})
-	db, _ = b.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)})
+	da, _ = a.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 198, 0)})
+	db, _ = b.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 0, 400)})
 	if da[0].Grant != 0 || db[0].Grant != 400-4-198 {
 		t.Fatalf("after a's cut: a granted %v, b granted %v, want 0 and %v", da[0].Grant, db[0].Grant, 400-4-198)
 	}
 
 	short := ledgerClaim("gone", 1000, 300, 0)
 	short.Hold = 200 * time.Millisecond
-	if _, err := a.Divide(ctx, []rlqs.Claim{short}); err != nil {
+	if _, err := a.Divide(ctx, []quota.Claim{short}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // Redis's clock times the hold
-	d, err := b.Divide(ctx, []rlqs.Claim{ledgerClaim("gone", 1000, 0, 400)})
+	d, err := b.Divide(ctx, []quota.Claim{ledgerClaim("gone", 1000, 0, 400)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,18 +77,18 @@ func TestQuotaLedgerWithdrawal(t *testing.T) {
 	st := newTestStore(t, settingsFor(r.Addr()), Options{})
 	a, b := st.QuotaLedger(), st.QuotaLedger()
 	ctx := context.Background()
-	if _, err := a.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)}); err != nil {
+	if _, err := a.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 0, 400)}); err != nil {
 		t.Fatal(err)
 	}
-	w := rlqs.Claim{Key: "k", Limit: 400, Reserve: 4, Hold: time.Minute}
-	d, err := a.Divide(ctx, []rlqs.Claim{w})
+	w := quota.Claim{Key: "k", Limit: 400, Reserve: 4, Hold: time.Minute}
+	d, err := a.Divide(ctx, []quota.Claim{w})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d[0].Replicas != 0 || d[0].Grant != 0 {
 		t.Fatalf("the withdrawal answered %+v, want no replica left and nothing granted", d[0])
 	}
-	d, err = b.Divide(ctx, []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)})
+	d, err = b.Divide(ctx, []quota.Claim{ledgerClaim("k", 1000, 0, 400)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestQuotaLedgerNeverGrantsTwice(t *testing.T) {
 	for range 8 {
 		l := st.QuotaLedger()
 		wg.Go(func() {
-			d, err := l.Divide(context.Background(), []rlqs.Claim{ledgerClaim("k", 1000, 0, 400)})
+			d, err := l.Divide(context.Background(), []quota.Claim{ledgerClaim("k", 1000, 0, 400)})
 			if err != nil {
 				t.Error(err)
 				return
@@ -131,7 +131,7 @@ func TestQuotaLedgerCluster(t *testing.T) {
 	st := settingsFor(addrs[0])
 	st.Topology, st.Addrs = Cluster, addrs
 	s := newTestStore(t, st, Options{})
-	var claims []rlqs.Claim
+	var claims []quota.Claim
 	for i := range 30 {
 		claims = append(claims, ledgerClaim(fmt.Sprint("k", i), 1000, 0, 400))
 	}
@@ -157,7 +157,7 @@ func BenchmarkQuotaLedgerTick(b *testing.B) {
 	r := redistest.Start(b)
 	st := newTestStore(b, settingsFor(r.Addr()), Options{})
 	ctx := context.Background()
-	claims := make([]rlqs.Claim, 100)
+	claims := make([]quota.Claim, 100)
 	for i := range claims {
 		c := ledgerClaim(fmt.Sprint("k", i), 50, 100, 10)
 		for j := 1; j < 10; j++ {

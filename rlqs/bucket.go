@@ -6,20 +6,9 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/window"
 )
-
-// BurstShare is the share of a bucket's tokens per window given as burst
-// (max_tokens), at least MinBurst: enough for requests that do not arrive
-// evenly, small enough that the bursts of a fleet stay a small part of the
-// limit. A Ledger's division counts bursts with it.
-const BurstShare = 1.0 / 100
-
-// MinBurst is the least burst (a Ledger's division counts it per bucket):
-// with one token, a bucket whose requests
-// arrive between two refills wastes what it refills past the one, and
-// admits less than its rate.
-const MinBurst = 2
 
 // headroom is the share added to a bucket's measured demand, plus one
 // token per window, so that a bucket whose demand is met is not cut by the
@@ -111,7 +100,7 @@ func (b *bucket) tokenBucket(rate float64) assignment {
 		return assignment{kind: denyAll}
 	}
 	tokens = min(tokens, window.MaxLimit)
-	burst := max(MinBurst, math.Floor(BurstShare*rate*b.minWin))
+	burst := max(quota.MinBurst, math.Floor(quota.BurstShare*rate*b.minWin))
 	return assignment{kind: tokenBucket, tokens: uint32(tokens), fill: b.fill, burst: uint32(min(burst, window.MaxLimit))}
 }
 

@@ -7,21 +7,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // recordingLedger divides each claim as one replica alone would, records
 // every claim it is sent, and fails while down is set.
 type recordingLedger struct {
 	down   bool
-	claims []Claim
+	claims []quota.Claim
 }
 
-func (l *recordingLedger) Divide(_ context.Context, claims []Claim) ([]Division, error) {
+func (l *recordingLedger) Divide(_ context.Context, claims []quota.Claim) ([]quota.Division, error) {
 	if l.down {
 		return nil, errors.New("connection refused")
 	}
 	l.claims = append(l.claims, claims...)
-	out := make([]Division, len(claims))
+	out := make([]quota.Division, len(claims))
 	for i, c := range claims {
 		out[i] = divideLocal(c)
 	}

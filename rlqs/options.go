@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -46,7 +47,7 @@ type Options struct {
 	// Ledger, when set, shares the division of every limit with the other
 	// replicas that serve RLQS (package redisstore's QuotaLedger); if nil,
 	// this replica divides each limit among its own streams alone.
-	Ledger Ledger
+	Ledger quota.Ledger
 	// StreamIdle ends a stream that has sent nothing for so long
 	// (RLQS_STREAM_IDLE_TIMEOUT); 0 never does. The server enforces it
 	// (grpcservice.StreamPolicy).

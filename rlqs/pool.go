@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -55,8 +56,8 @@ func (p *pool) holdTokens() float64 { return max(1, p.reserve/2) }
 // first TTL), a pool with a member that reports usage from before this
 // server claims for each member no more than it was admitting: with none,
 // no Envoy holds a previous server's assignment for it (a fresh start).
-func (p *pool) claim(learning bool, hold time.Duration) (c Claim, live []*bucket, demands []float64) {
-	c = Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve, Hold: hold}
+func (p *pool) claim(learning bool, hold time.Duration) (c quota.Claim, live []*bucket, demands []float64) {
+	c = quota.Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve, Hold: hold}
 	inherited := false
 	for b := range p.members {
 		if b.stream.closed {
@@ -86,8 +87,8 @@ func (p *pool) claim(learning bool, hold time.Duration) (c Claim, live []*bucket
 
 // withdrawal is the claim that withdraws this replica's claim on the pool:
 // no demand, nothing fixed or committed (see Ledger).
-func (p *pool) withdrawal() Claim {
-	return Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve}
+func (p *pool) withdrawal() quota.Claim {
+	return quota.Claim{Key: p.key, Limit: p.limit, Reserve: p.reserve}
 }
 
 // share is a member's share of the pool by the last division, tokens per
@@ -104,7 +105,7 @@ func (p *pool) share(demand float64) float64 {
 // divide takes the pool's division: each live member's target is at most
 // its share, and the raises of this tick may add at most the grant to the
 // pool's committed cost.
-func (p *pool) divide(d Division, live []*bucket, demands []float64) {
+func (p *pool) divide(d quota.Division, live []*bucket, demands []float64) {
 	p.level, p.spare, p.grant, p.replicas = d.Level, d.Spare, d.Grant, max(d.Replicas, 1)
 	for i, b := range live {
 		b.target = min(b.target, p.share(demands[i])/p.window)
@@ -115,7 +116,7 @@ func (p *pool) divide(d Division, live []*bucket, demands []float64) {
 // the pool's grant left to its cost, counting b's burst.
 func (p *pool) raise(b *bucket) float64 {
 	free := p.grant + b.held.cost(p.window)
-	return min((free-MinBurst)/p.window, free/(p.window+BurstShare*b.minWin))
+	return min((free-quota.MinBurst)/p.window, free/(p.window+quota.BurstShare*b.minWin))
 }
 
 // match matches b against the rules and puts it into the pools of its
@@ -187,9 +188,9 @@ func (s *Server) detach(b *bucket) {
 func (s *Server) hold(b *bucket) {
 	rate := math.Inf(1)
 	for _, p := range b.pools {
-		free := p.limit - p.committed - MinBurst
+		free := p.limit - p.committed - quota.MinBurst
 		if s.opts.Ledger != nil {
-			free = p.reserve/float64(max(p.replicas, 1)) - p.holds - MinBurst
+			free = p.reserve/float64(max(p.replicas, 1)) - p.holds - quota.MinBurst
 		}
 		rate = min(rate, min(free, p.holdTokens())/p.window)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/internal/logthrottle"
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // Server divides each rule's limit among the Envoys that report usage on
@@ -35,10 +36,10 @@ type Server struct {
 	rules       *descriptors.Set
 	rematch     bool // rules changed since the last tick
 	streams     map[*Stream]struct{}
-	orphans     map[*bucket]struct{} // buckets of closed streams, until their TTL ends
-	pools       map[string]*pool     // by counter key
-	withdraw    map[string]Claim     // ledger claims to withdraw on the next tick, by counter key
-	perDomain   map[string]int       // tracked buckets per domain, orphans included
+	orphans     map[*bucket]struct{}   // buckets of closed streams, until their TTL ends
+	pools       map[string]*pool       // by counter key
+	withdraw    map[string]quota.Claim // ledger claims to withdraw on the next tick, by counter key
+	perDomain   map[string]int         // tracked buckets per domain, orphans included
 	nextStream  uint64
 }
 
@@ -54,7 +55,7 @@ func New(opts Options) (*Server, error) {
 		streams:   map[*Stream]struct{}{},
 		orphans:   map[*bucket]struct{}{},
 		pools:     map[string]*pool{},
-		withdraw:  map[string]Claim{},
+		withdraw:  map[string]quota.Claim{},
 		perDomain: map[string]int{},
 	}
 	s.learnUntil = opts.Clock.Now() + opts.AssignmentTTL + opts.Tick

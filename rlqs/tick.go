@@ -8,6 +8,8 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // hysteresis is the least relative change of rate worth a new assignment:
@@ -150,7 +152,7 @@ func (s *Server) divide(learning bool) bool {
 		demands []float64
 	}
 	work := make([]pending, 0, len(s.pools))
-	claims := make([]Claim, 0, len(s.pools))
+	claims := make([]quota.Claim, 0, len(s.pools))
 	hold := 2*s.opts.AssignmentTTL + s.opts.Tick
 	for _, p := range s.pools {
 		c, live, demands := p.claim(learning, hold)
@@ -170,7 +172,7 @@ func (s *Server) divide(learning bool) bool {
 	}
 	// A pool this replica no longer serves gives its capacity back at
 	// once rather than when its claim's hold ends.
-	withdrawn := make([]Claim, 0, len(s.withdraw))
+	withdrawn := make([]quota.Claim, 0, len(s.withdraw))
 	for _, c := range s.withdraw {
 		c.Hold = hold
 		withdrawn = append(withdrawn, c)
@@ -180,7 +182,7 @@ func (s *Server) divide(learning bool) bool {
 		s.lastDivided = s.opts.Clock.Now()
 		return true
 	}
-	var divisions []Division
+	var divisions []quota.Division
 	if s.opts.Ledger == nil {
 		for _, c := range claims {
 			divisions = append(divisions, divideLocal(c))

@@ -10,7 +10,7 @@ import (
 
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/redisstore"
-	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -19,7 +19,7 @@ type backend struct {
 	limiter window.Limiter
 	// ledger shares RLQS's division of the limits among the replicas on
 	// the same backend (nil in memory: each replica divides alone).
-	ledger rlqs.Ledger
+	ledger quota.Ledger
 	// run does the backend's background work until ctx is done.
 	run func(ctx context.Context)
 	// close releases the backend's resources.

@@ -17,6 +17,7 @@ import (
 	"github.com/leapgate/leapgate/config"
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 )
@@ -88,7 +89,7 @@ type ruleTargets struct {
 // not nil, replaces limiter's own request checks (CheckConfig has no
 // backend, only the configured backend's checks); ledger, when not nil,
 // shares RLQS's division with the other replicas (the Redis backend's).
-func newRuleTargets(settings config.Settings, limiter window.Limiter, checker window.RequestChecker, ledger rlqs.Ledger, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
+func newRuleTargets(settings config.Settings, limiter window.Limiter, checker window.RequestChecker, ledger quota.Ledger, clock window.Clock, reg *prometheus.Registry, logger *slog.Logger) (ruleTargets, error) {
 	headers, err := breaker.ParseHeaderKeys(settings.BreakerHeaders)
 	if err != nil {
 		return ruleTargets{}, fmt.Errorf("BREAKER_HEADERS: %w", err)

@@ -32,6 +32,7 @@ import (
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 	"github.com/leapgate/leapgate/rlqs/rlqssim"
 )
 
@@ -117,7 +118,7 @@ func transport(to target, set *descriptors.Set, opts rlqs.Options) (rlqssim.Tran
 		if err != nil {
 			return nil, nil, fmt.Errorf("-redis: %w", err)
 		}
-		ledgers := make([]rlqs.Ledger, to.replicas)
+		ledgers := make([]quota.Ledger, to.replicas)
 		for i := range ledgers {
 			ledgers[i] = store.QuotaLedger()
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // Spread is a Transport over several others, each a replica of the
@@ -60,7 +61,7 @@ type Replicas struct {
 // NewReplicas returns a transport to one new rlqs.Server per ledger, each
 // with opts (its Clock replaced by the simulation's, its Ledger by the
 // replica's) serving rules.
-func NewReplicas(rules *descriptors.Set, opts rlqs.Options, ledgers []rlqs.Ledger) (*Replicas, error) {
+func NewReplicas(rules *descriptors.Set, opts rlqs.Options, ledgers []quota.Ledger) (*Replicas, error) {
 	if len(ledgers) == 0 {
 		return nil, errors.New("rlqssim: no replicas")
 	}

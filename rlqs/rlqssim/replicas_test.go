@@ -9,6 +9,7 @@ import (
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/rlqs"
+	"github.com/leapgate/leapgate/rlqs/quota"
 )
 
 // TestScenariosOnTwoReplicas holds two replicas sharing one redis-server
@@ -37,7 +38,7 @@ func TestScenariosOnTwoReplicas(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer store.Close()
-				tr, err := NewReplicas(set, opts, []rlqs.Ledger{store.QuotaLedger(), store.QuotaLedger()})
+				tr, err := NewReplicas(set, opts, []quota.Ledger{store.QuotaLedger(), store.QuotaLedger()})
 				if err != nil {
 					t.Fatal(err)
 				}
