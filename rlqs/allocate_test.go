@@ -9,11 +9,6 @@ import (
 	"github.com/leapgate/leapgate/descriptors"
 )
 
-// enforced is what a client may enforce on bucket after a tick: its latest
-// assignment, or the one before it for one tick after a cut (the cut may
-// not have reached it yet).
-type enforced struct{ latest, previous float64 }
-
 // costOf is the most the latest token bucket for bucket admits in w
 // seconds (burst plus rate over w).
 func (c *client) costOf(bucket map[string]string, w float64) float64 {
@@ -42,7 +37,6 @@ func TestAssignmentsNeverExceedTheLimit(t *testing.T) {
 		var members []*member
 		since := time.Duration(0)
 		for step := 0; step < 400; step++ {
-			now := h.clock.Now()
 			switch r := rng.IntN(20); {
 			case r == 0 || len(members) < 2:
 				m := &member{c: h.open(), offered: float64(rng.IntN(600))}
@@ -72,7 +66,7 @@ func TestAssignmentsNeverExceedTheLimit(t *testing.T) {
 				before[m] = m.c.costOf(api, 1)
 			}
 			h.server.Tick()
-			now = h.clock.Now()
+			now := h.clock.Now()
 			total := 0.0
 			for _, m := range members {
 				c := m.c.costOf(api, 1)

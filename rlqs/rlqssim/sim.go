@@ -150,6 +150,9 @@ func Run(sc Scenario, tr Transport) Result {
 			restarts = restarts[1:]
 			tr.Restart(now)
 			for _, f := range s.filters {
+				if f.conn != nil {
+					f.conn.Close() // a stream the restart did not drop must not linger
+				}
 				f.conn = nil
 			}
 		}
