@@ -35,20 +35,7 @@ func TestBinaryRLQSDividesTheLimit(t *testing.T) {
 			{Name: "b", Bucket: bucket, Load: []rlqssim.Phase{{At: 0, Rate: 300}}, Report: time.Second},
 			{Name: "c", Bucket: bucket, Load: []rlqssim.Phase{{At: 0, Rate: 50}}, Report: time.Second},
 		}}
-	r := rlqssim.Run(sc, tr)
-	t.Log(r)
-	if len(r.Errors) > 0 {
-		t.Errorf("protocol errors: %v", r.Errors)
-	}
-	if r.PeakSettled > 1.05 {
-		t.Errorf("peak %.3f × the limit after the first report interval, want at most 1.05", r.PeakSettled)
-	}
-	if r.UsedLast < 0.9 {
-		t.Errorf("the fleet used %.1f %% of the limit at the end, want at least 90 %%", 100*r.UsedLast)
-	}
-	if r.FairnessError > 0.1 {
-		t.Errorf("fairness error %.1f %%, want at most 10 %% on a loaded 2-core machine", 100*r.FairnessError)
-	}
+	checkBinaryFleet(t, rlqssim.Run(sc, tr))
 	rb.stop(t)
 }
 
@@ -92,19 +79,29 @@ func TestBinaryRLQSOnTwoReplicas(t *testing.T) {
 	// wall clock (the simulation's restarts would drop every stream).
 	kill := time.AfterFunc(8*time.Second, func() { _ = binaries[1].cmd.Process.Kill() })
 	defer kill.Stop()
-	res := rlqssim.Run(sc, rlqssim.NewSpread(transports...))
-	t.Log(res)
-	if len(res.Errors) > 0 {
-		t.Errorf("protocol errors: %v", res.Errors)
+	checkBinaryFleet(t, rlqssim.Run(sc, rlqssim.NewSpread(transports...)))
+}
+
+// checkBinaryFleet holds a fleet's run against real binaries to the
+// targets, with the tolerance a loaded 2-core machine needs in real time:
+// no protocol error, never more than 1.05 × the limit after the first
+// report interval, at least 90 % of the limit used at the end (after a
+// replica's death, once its claim is released) and a fairness error of at
+// most 10 %.
+func checkBinaryFleet(t *testing.T, r rlqssim.Result) {
+	t.Helper()
+	t.Log(r)
+	if len(r.Errors) > 0 {
+		t.Errorf("protocol errors: %v", r.Errors)
 	}
-	if res.PeakSettled > 1.05 {
-		t.Errorf("peak %.3f × the limit after the first report interval, want at most 1.05", res.PeakSettled)
+	if r.PeakSettled > 1.05 {
+		t.Errorf("peak %.3f × the limit after the first report interval, want at most 1.05", r.PeakSettled)
 	}
-	if res.UsedLast < 0.9 {
-		t.Errorf("the fleet used %.1f %% of the limit at the end, want at least 90 %% (the dead replica's claim released)", 100*res.UsedLast)
+	if r.UsedLast < 0.9 {
+		t.Errorf("the fleet used %.1f %% of the limit at the end, want at least 90 %%", 100*r.UsedLast)
 	}
-	if res.FairnessError > 0.1 {
-		t.Errorf("fairness error %.1f %%, want at most 10 %% on a loaded 2-core machine", 100*res.FairnessError)
+	if r.FairnessError > 0.1 {
+		t.Errorf("fairness error %.1f %%, want at most 10 %%", 100*r.FairnessError)
 	}
 }
 

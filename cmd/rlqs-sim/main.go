@@ -71,7 +71,7 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("-run: %w", err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "rlqssim.yaml", Data: []byte(rlqssim.Rules)}}, descriptors.Options{})
+	set, err := rlqssim.RuleSet()
 	if err != nil {
 		return err
 	}

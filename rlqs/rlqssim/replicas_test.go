@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/internal/redistest"
 	"github.com/leapgate/leapgate/redisstore"
 	"github.com/leapgate/leapgate/rlqs"
@@ -21,7 +20,7 @@ import (
 // claims by Redis's real clock, which a virtual minute does not move.
 func TestScenariosOnTwoReplicas(t *testing.T) {
 	r := redistest.Start(t)
-	set, err := descriptors.Parse([]descriptors.File{{Name: "sim.yaml", Data: []byte(Rules)}}, descriptors.Options{})
+	set, err := RuleSet()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package rlqssim
 import (
 	"fmt"
 	"time"
+
+	"github.com/leapgate/leapgate/descriptors"
 )
 
 // Rules is the rule file the standard scenarios run against: one limit
@@ -13,6 +15,12 @@ descriptors:
     value: api
     rate_limit: {unit: second, requests_per_unit: 400}
 `
+
+// RuleSet returns Rules parsed, the rules every standard scenario runs
+// against.
+func RuleSet() (*descriptors.Set, error) {
+	return descriptors.Parse([]descriptors.File{{Name: "rlqssim.yaml", Data: []byte(Rules)}}, descriptors.Options{})
+}
 
 // Scenarios returns the standard scenarios at the given report interval
 // (5 s as stock Envoy reports, or 1 s), each 60 s long.

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/rlqs"
 )
 
@@ -18,7 +17,7 @@ import (
 // only when its assignment expires); and in the no-waste scenario at
 // least 95 % of the limit used, the heavy client at least 320 per second.
 func TestScenarios(t *testing.T) {
-	set, err := descriptors.Parse([]descriptors.File{{Name: "sim.yaml", Data: []byte(Rules)}}, descriptors.Options{})
+	set, err := RuleSet()
 	if err != nil {
 		t.Fatal(err)
 	}
