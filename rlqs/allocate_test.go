@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -65,7 +66,7 @@ func TestAssignmentsNeverExceedTheLimit(t *testing.T) {
 			for _, m := range members {
 				before[m] = m.c.costOf(api, 1)
 			}
-			h.server.Tick()
+			h.server.Tick(context.Background())
 			now := h.clock.Now()
 			total := 0.0
 			for _, m := range members {
@@ -118,7 +119,7 @@ func TestTakeBeforeGive(t *testing.T) {
 	for ticks = 1; ticks <= 10 && raisedAt < 0; ticks++ {
 		ra := a.rate(api)
 		h.clock.Advance(500 * time.Millisecond)
-		h.server.Tick()
+		h.server.Tick(context.Background())
 		if cutAt < 0 && a.rate(api) < ra {
 			cutAt = ticks
 		}
@@ -182,9 +183,9 @@ func TestReloadReachesAssignmentsWithinATick(t *testing.T) {
 		}
 		h.server.SetRules(set)
 		h.clock.Advance(500 * time.Millisecond)
-		h.server.Tick()
+		h.server.Tick(context.Background())
 		h.clock.Advance(500 * time.Millisecond)
-		h.server.Tick()
+		h.server.Tick(context.Background())
 		if r := a.rate(api); r < tt.min || r > tt.max {
 			t.Errorf("limit %d: %v per second two ticks after the reload, want within [%v, %v]", tt.limit, r, tt.min, tt.max)
 		}

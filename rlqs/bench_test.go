@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -80,7 +81,7 @@ func BenchmarkTick(b *testing.B) {
 			st.Report(f.reports[i])
 		}
 		b.StartTimer()
-		f.server.Tick()
+		f.server.Tick(context.Background())
 	}
 }
 
@@ -92,7 +93,7 @@ func BenchmarkMemory(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		f := newBenchFleet(b, 1000, 100)
-		f.server.Tick()
+		f.server.Tick(context.Background())
 		f.reports = nil // the reports are the client's; the ids they share stay referenced by the buckets
 		runtime.GC()
 		runtime.ReadMemStats(&after)

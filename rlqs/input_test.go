@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -56,9 +57,9 @@ func TestStreamQuirks(t *testing.T) {
 			h.clock.Advance(time.Second)
 			a.report("web", usage(api, 1, math.MaxUint64, math.MaxUint64))
 			b.report("web", usage(api, 1, 150, 150)) // 200 per second, by the server's clock
-			h.server.Tick()
+			h.server.Tick(context.Background())
 			h.clock.Advance(500 * time.Millisecond)
-			h.server.Tick()
+			h.server.Tick(context.Background())
 		}
 		if r := b.rate(api); r < 190 {
 			t.Errorf("beside a client reporting 2^64 requests, a client of 200 per second got %v, want about 195", r)
@@ -134,7 +135,7 @@ func TestIdleBucketsAreAbandonedAndLiveOnesRefreshed(t *testing.T) {
 			}
 			c.report("web", us...)
 		}
-		h.server.Tick()
+		h.server.Tick(context.Background())
 		if exp := c.expires[bucketKey(api)]; h.clock.Now() >= exp {
 			t.Fatalf("at %v the api assignment expired (at %v) without a refresh", h.clock.Now(), exp)
 		}
@@ -170,7 +171,7 @@ func FuzzReport(f *testing.F) {
 				}
 			}
 			h.clock.Advance(500 * time.Millisecond)
-			h.server.Tick()
+			h.server.Tick(context.Background())
 			total := ca.costOf(api, 1) + cb.costOf(api, 1)
 			if total > 400+2*4 { // a cut may not have reached the client yet
 				t.Fatalf("assignments admit %v per second on a limit of 400", total)

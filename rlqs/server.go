@@ -94,7 +94,7 @@ func (s *Server) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.Tick()
+			s.Tick(ctx)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -159,7 +160,7 @@ func (h *harness) run(d, report time.Duration, load map[*client]map[string]float
 			}
 			c.report("web", us...)
 		}
-		h.server.Tick()
+		h.server.Tick(context.Background())
 	}
 }
 

@@ -29,7 +29,9 @@ const raiseHysteresis = 1.0 / 200
 // capacity is divided max-min fairly by demand; cuts go out at once, and
 // increases as far as the pools can pay for them without the cuts of this
 // tick (take before give); assignments past half their TTL are refreshed.
-func (s *Server) Tick() {
+// With a Ledger, the division waits for it at most one Options.Tick, and
+// no longer than ctx allows.
+func (s *Server) Tick(ctx context.Context) {
 	started := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -76,7 +78,7 @@ func (s *Server) Tick() {
 	for _, b := range live {
 		b.target = math.Inf(1)
 	}
-	divided := s.divide(learning)
+	divided := s.divide(ctx, learning)
 
 	var raises []*bucket
 	for _, b := range live {
@@ -145,7 +147,7 @@ func (s *Server) Tick() {
 // divide divides every pool, through the ledger when there is one, and
 // reports whether it could: false when the ledger failed (logged, counted),
 // and then the pools keep their last division.
-func (s *Server) divide(learning bool) bool {
+func (s *Server) divide(ctx context.Context, learning bool) bool {
 	type pending struct {
 		p       *pool
 		live    []*bucket
@@ -188,7 +190,7 @@ func (s *Server) divide(learning bool) bool {
 			divisions = append(divisions, divideLocal(c))
 		}
 	} else {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.Tick)
+		ctx, cancel := context.WithTimeout(ctx, s.opts.Tick)
 		var err error
 		divisions, err = s.opts.Ledger.Divide(ctx, append(claims, withdrawn...))
 		cancel()

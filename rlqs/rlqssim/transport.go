@@ -1,6 +1,7 @@
 package rlqssim
 
 import (
+	"context"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -60,7 +61,7 @@ func (t *InProcess) Open(receive func(*rlqspb.RateLimitQuotaResponse)) (Conn, er
 func (t *InProcess) Tick(now time.Duration) {
 	t.clock.Set(now)
 	for now >= t.next {
-		t.server.Tick()
+		t.server.Tick(context.Background())
 		t.next += t.opts.Tick
 	}
 }
