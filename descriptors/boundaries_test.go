@@ -9,7 +9,8 @@ import (
 
 // TestBoundaries: every bound of the rule format holds at its edge, on the
 // side that is allowed and the side that is not: a NUL as the first byte
-// of a key or value, buckets: 1, the largest requests_per_unit, a refused
+// of a key or value, buckets: 1, the largest requests_per_unit, a zero
+// window, a refused
 // nesting's depth as reported, a counter key's value of exactly LongValue
 // bytes (raw, not digested), and a bucket of exactly MaxDepth pairs.
 func TestBoundaries(t *testing.T) {
@@ -32,6 +33,12 @@ descriptors:
 `)})
 		if l := s.Rule("d.b").Limits[0]; l.RequestsPerUnit != 4294967295 {
 			t.Errorf("d.b: %d requests, want 4294967295", l.RequestsPerUnit)
+		}
+	})
+	t.Run("a zero window is refused", func(t *testing.T) {
+		_, err := Parse([]File{{Name: "w.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {window: 0s, requests_per_unit: 1}\n")}}, Options{})
+		if err == nil || !strings.Contains(err.Error(), "must be a positive duration") {
+			t.Errorf("%v, want window 0s refused", err)
 		}
 	})
 	t.Run("a refused nesting names its depth", func(t *testing.T) {
