@@ -3,13 +3,14 @@ package descriptors
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
 
 // TestBoundaries: every bound of the rule format holds at its edge, on the
 // side that is allowed and the side that is not: a NUL as the first byte
-// of a key or value, buckets: 1, the largest requests_per_unit, a zero
+// of a key or value, a breaker's least and greatest values, buckets: 1, the largest requests_per_unit, a zero
 // window, a refused
 // nesting's depth as reported, a counter key's value of exactly LongValue
 // bytes (raw, not digested), and a bucket of exactly MaxDepth pairs.
@@ -33,6 +34,25 @@ descriptors:
 `)})
 		if l := s.Rule("d.b").Limits[0]; l.RequestsPerUnit != 4294967295 {
 			t.Errorf("d.b: %d requests, want 4294967295", l.RequestsPerUnit)
+		}
+	})
+	t.Run("a breaker at every least or greatest allowed value", func(t *testing.T) {
+		s := mustParse(t, File{Name: "b.yaml", Data: []byte(`domain: d
+descriptors:
+  - key: a
+    circuit_breaker:
+      strategy: error_count
+      threshold: 1
+      error_statuses: [100, 599]
+      window: 10s
+      buckets: 1
+      half_open_probes: 1
+      open_duration: 10s
+      max_open_duration: 10s
+`)})
+		b := s.Rule("d.a").Breaker
+		if b == nil || b.Threshold != 1 || !slices.Equal(b.ErrorStatuses, []int{100, 599}) || b.Spec.Buckets() != 1 || b.HalfOpenProbes != 1 || b.MaxOpenDuration != b.OpenDuration {
+			t.Errorf("breaker %+v, want every edge value kept", b)
 		}
 	})
 	t.Run("a zero window is refused", func(t *testing.T) {
