@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/rlqs"
 )
 
@@ -13,10 +14,20 @@ import (
 // bursts in force, at most 1.05 × once settled; no protocol error; the
 // fleet within 5 % of the max-min shares at the end; a change followed
 // within one report interval, two ticks (take before give) and a window
-// (a leave within the assignment TTL, a tick and a window: a closed stream's share is freed
-// only when its assignment expires); and in the no-waste scenario at
+// (a leave within the assignment TTL, a tick and a window: a closed
+// stream's share is freed only when its assignment expires); and in the no-waste scenario at
 // least 95 % of the limit used, the heavy client at least 320 per second.
 func TestScenarios(t *testing.T) {
+	runScenarios(t, true, 2, func(t *testing.T, set *descriptors.Set, opts rlqs.Options) (Transport, error) {
+		return NewInProcess(set, opts)
+	})
+}
+
+// runScenarios runs every standard scenario (but the restarts, unless
+// restarts is set) at 1 s and 5 s reports, each on a new transport, and
+// holds it to checkTargets with the given number of ticks to follow a
+// change.
+func runScenarios(t *testing.T, restarts bool, ticks int, newTransport func(*testing.T, *descriptors.Set, rlqs.Options) (Transport, error)) {
 	set, err := RuleSet()
 	if err != nil {
 		t.Fatal(err)
@@ -24,12 +35,15 @@ func TestScenarios(t *testing.T) {
 	opts := rlqs.Options{Tick: 500 * time.Millisecond, AssignmentTTL: 4 * time.Second}
 	for _, report := range []time.Duration{time.Second, 5 * time.Second} {
 		for _, sc := range Scenarios(report) {
+			if !restarts && len(sc.Restarts) > 0 {
+				continue
+			}
 			t.Run(sc.Name, func(t *testing.T) {
-				tr, err := NewInProcess(set, opts)
+				tr, err := newTransport(t, set, opts)
 				if err != nil {
 					t.Fatal(err)
 				}
-				checkTargets(t, sc, Run(sc, tr), opts, report, 2)
+				checkTargets(t, sc, Run(sc, tr), opts, report, ticks)
 			})
 		}
 	}
