@@ -98,6 +98,11 @@ type Redis struct {
 	// FailureMode is what requests get while Redis cannot be reached:
 	// error, allow, deny or local.
 	FailureMode RedisFailureMode `envconfig:"REDIS_FAILURE_MODE" default:"error"`
+	// Reservation is how long a replica may spend a block of a busy
+	// sliding window's quota, taken from Redis, without a round trip per
+	// request (at most a 32nd of the window; see docs/redis.md). 0 sends
+	// every request to Redis.
+	Reservation time.Duration `envconfig:"REDIS_RESERVATION" default:"1s"`
 }
 
 // Validate reports every invalid Redis setting at once, naming the variable.
@@ -141,6 +146,9 @@ func (r Redis) Validate() error {
 	if r.LocalCacheSizeInBytes < 0 {
 		bad("LOCAL_CACHE_SIZE_IN_BYTES", "must not be negative, got %d", r.LocalCacheSizeInBytes)
 	}
+	if r.Reservation < 0 {
+		bad("REDIS_RESERVATION", "must not be negative, got %v", r.Reservation)
+	}
 	if strings.ContainsAny(r.CacheKeyPrefix, "{}") {
 		bad("CACHE_KEY_PREFIX", "must not contain { or } (they would change the Redis Cluster hash slot)")
 	}
@@ -155,9 +163,9 @@ func (r Redis) Validate() error {
 // String describes the settings with the passwords masked, so that the
 // result is safe to log.
 func (r Redis) String() string {
-	return fmt.Sprintf("type=%s socket=%s url=%s auth=%s sentinel_auth=%s tls=%t pool=%d timeout=%v prefix=%q local_cache_bytes=%d failure_mode=%s",
+	return fmt.Sprintf("type=%s socket=%s url=%s auth=%s sentinel_auth=%s tls=%t pool=%d timeout=%v prefix=%q local_cache_bytes=%d failure_mode=%s reservation=%v",
 		r.Type, r.SocketType, r.URL, mask(r.Auth), mask(r.SentinelAuth), r.TLS,
-		r.PoolSize, r.Timeout, r.CacheKeyPrefix, r.LocalCacheSizeInBytes, r.FailureMode)
+		r.PoolSize, r.Timeout, r.CacheKeyPrefix, r.LocalCacheSizeInBytes, r.FailureMode, r.Reservation)
 }
 
 // GoString masks the passwords in %#v too.

@@ -32,7 +32,7 @@ func TestRedisDefaults(t *testing.T) {
 	}
 	want := Redis{
 		SocketType: "tcp", URL: "localhost:6379", Type: RedisSingle, PoolSize: 10,
-		Timeout: 100 * time.Millisecond, FailureMode: RedisFailError,
+		Timeout: 100 * time.Millisecond, FailureMode: RedisFailError, Reservation: time.Second,
 	}
 	if s.Redis != want {
 		t.Fatalf("defaults %+v, want %+v", s.Redis, want)
@@ -51,6 +51,7 @@ func TestRedisFromEnvironment(t *testing.T) {
 		"REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true",
 		"REDIS_POOL_SIZE": "32", "REDIS_TIMEOUT": "250ms", "CACHE_KEY_PREFIX": "prod_",
 		"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "REDIS_FAILURE_MODE": "Local", // any case, kept in lower case
+		"REDIS_RESERVATION": "250ms",
 	}
 	for k, v := range env {
 		t.Setenv(k, v)
@@ -63,7 +64,7 @@ func TestRedisFromEnvironment(t *testing.T) {
 		SocketType: "tcp", URL: "a:1,b:2,c:3", Type: RedisCluster, Auth: "user:pw", TLS: true,
 		TLSCACert: "/ca.pem", TLSSkipHostnameVerification: true, PoolSize: 32,
 		Timeout: 250 * time.Millisecond, CacheKeyPrefix: "prod_", LocalCacheSizeInBytes: 1 << 20,
-		FailureMode: RedisFailLocal,
+		FailureMode: RedisFailLocal, Reservation: 250 * time.Millisecond,
 	}
 	if s.BackendType != BackendRedis || s.Redis != want {
 		t.Fatalf("got %s %+v, want %+v", s.BackendType, s.Redis, want)
@@ -91,6 +92,7 @@ func TestRedisValidate(t *testing.T) {
 		{"pool", func(r *Redis) { r.PoolSize = 0 }, "REDIS_POOL_SIZE"},
 		{"timeout", func(r *Redis) { r.Timeout = 0 }, "REDIS_TIMEOUT"},
 		{"cache size", func(r *Redis) { r.LocalCacheSizeInBytes = -1 }, "LOCAL_CACHE_SIZE_IN_BYTES"},
+		{"negative reservation", func(r *Redis) { r.Reservation = -time.Second }, "REDIS_RESERVATION"},
 		{"prefix with braces", func(r *Redis) { r.CacheKeyPrefix = "{x}" }, "CACHE_KEY_PREFIX"},
 		{"failure mode", func(r *Redis) { r.FailureMode = "open" }, "REDIS_FAILURE_MODE"},
 	} {

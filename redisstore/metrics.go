@@ -10,8 +10,12 @@ type metrics struct {
 	errors    *prometheus.CounterVec   // by op
 	fallbacks *prometheus.CounterVec   // by mode: error, allow, deny, local
 	cacheHits prometheus.Counter
-	up        prometheus.Gauge
-	batch     prometheus.Histogram // Store operations per round trip
+	// reservations counts the calls for blocks by event; blockAnswers the
+	// requests answered from a block.
+	reservations *prometheus.CounterVec
+	blockAnswers prometheus.Counter
+	up           prometheus.Gauge
+	batch        prometheus.Histogram // Store operations per round trip
 	// ops holds the latency and error series of each operation, looked up
 	// once: WithLabelValues hashes its labels on every call.
 	ops map[string]opMetrics
@@ -50,6 +54,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "leapgate_redis_local_cache_hits_total",
 			Help: "Requests refused from the local over-limit cache without asking Redis.",
 		}),
+		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "leapgate_redis_reservations_total",
+			Help: "Calls for blocks of quota spent locally (REDIS_RESERVATION), by event: granted (a new block), renewed (settled and topped up), returned (given back, or nothing granted), failed.",
+		}, []string{"event"}),
+		blockAnswers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "leapgate_redis_block_answers_total",
+			Help: "Requests answered from a block of quota held by this replica, without a round trip to Redis.",
+		}),
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "leapgate_redis_pipeline_operations",
 			Help:    "Store operations (a request's Do or Undo) sent together in one round trip to Redis: how much concurrent requests share.",
@@ -61,13 +73,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	m.ops = map[string]opMetrics{}
-	for _, op := range []string{"do", "undo", "ping"} {
+	for _, event := range []string{"granted", "renewed", "returned", "failed"} {
+		m.reservations.WithLabelValues(event)
+	}
+	for _, op := range []string{"do", "undo", "ping", "reserve"} {
 		m.ops[op] = opMetrics{m.latency.WithLabelValues(op), m.errors.WithLabelValues(op)}
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.latency, m.errors, m.fallbacks, m.cacheHits, m.up, m.batch} {
+	for _, c := range []prometheus.Collector{m.latency, m.errors, m.fallbacks, m.cacheHits, m.reservations, m.blockAnswers, m.up, m.batch} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

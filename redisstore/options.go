@@ -116,6 +116,15 @@ type Options struct {
 	LocalCacheBytes int
 	// FailureMode is what requests get while Redis cannot be reached.
 	FailureMode FailureMode
+	// Reservation, when positive, lets this replica take blocks of a busy
+	// sliding window's quota from Redis and spend them locally for up to
+	// this long (at most a 32nd of the counter's window), so that keys
+	// far from their limit cost Redis a call per block instead of one per
+	// request (see reserve.go); if 0, every request goes to Redis.
+	Reservation time.Duration
+	// ReservationKeys bounds the counters this replica tracks for blocks;
+	// if 0, DefaultReservationKeys.
+	ReservationKeys int
 
 	// Logger receives health transitions and errors; if nil, discarded.
 	Logger *slog.Logger

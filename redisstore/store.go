@@ -77,6 +77,7 @@ type Store struct {
 	timeout  time.Duration
 	pipe     *pipeliner
 	frames   sync.Pool // of *frame, for runAllow
+	res      *reserver // nil unless Options.Reservation
 
 	state atomic.Int32
 	// lastLocal is when the local fallback last recorded hits (s.clock,
@@ -164,16 +165,25 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.pipe = newPipeliner(ctx, client, min(pipelineWorkers, opts.poolSize()), s.timeout, m.batch)
 	s.frames.New = newFrame
+	if s.res = newReserver(s, opts.Reservation, opts.ReservationKeys); s.res != nil {
+		go s.res.run(ctx)
+	}
 	go s.healthLoop(ctx)
 	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
-		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes)
+		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes,
+		"reservation", opts.Reservation)
 	return s, nil
 }
 
-// Close stops the health check and closes the connections to Redis.
+// Close gives back the blocks of quota this replica holds (bounded by
+// Options.Timeout), stops the health check and closes the connections to
+// Redis.
 func (s *Store) Close() error {
 	var err error
 	s.once.Do(func() {
+		if s.res != nil && s.state.Load() != stateDown {
+			s.res.close(context.Background())
+		}
 		s.cancel()
 		<-s.done
 		err = s.client.Close()
@@ -199,10 +209,24 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		}
 	}
 
+	var now time.Duration
+	var keys []string
+	if s.res != nil {
+		// A block of quota this replica holds answers without Redis.
+		now = s.clock.Now()
+		keys = make([]string, len(reqs))
+		for i := range reqs {
+			keys[i] = s.counterKey(&reqs[i])
+		}
+		if res, ok := s.res.take(reqs, keys, now); ok {
+			s.metrics.blockAnswers.Add(float64(len(reqs)))
+			return res, nil
+		}
+	}
+
 	// The local cache answers keys known to be over their limit.
 	send := make([]int, 0, len(reqs))
 	dry := false
-	var now time.Duration
 	if s.cache != nil {
 		now = s.clock.Now()
 		for i := range reqs {
@@ -273,6 +297,9 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		return s.failed(ctx, reqs, results, send, err)
 	}
 
+	if s.res != nil {
+		s.res.sawRemote(reqs, results, keys, send, now)
+	}
 	if s.cache != nil {
 		for _, i := range send {
 			if r := &results[i]; !r.Allowed && !reqs[i].Negative && reqs[i].Algorithm != window.Concurrency {
@@ -325,6 +352,8 @@ func (s *Store) Undo(ctx context.Context, reqs []window.Request, results []windo
 		r := results[i]
 		switch {
 		case !r.Recorded || reqs[i].Hits == 0 || reqs[i].Negative || CheckRequest(&reqs[i]) != nil:
+		case s.res != nil && isBlockBucket(r.Bucket) && reqs[i].Algorithm == window.SlidingWindow:
+			s.res.undo(s.counterKey(&reqs[i]), &reqs[i], &r)
 		case r.Bucket < 0:
 			r.Bucket = localBucket(r.Bucket)
 			localReqs = append(localReqs, reqs[i])

@@ -125,6 +125,7 @@ func redisOptions(r config.Redis) (redisstore.Options, error) {
 		Timeout:         r.Timeout,
 		KeyPrefix:       r.CacheKeyPrefix,
 		LocalCacheBytes: r.LocalCacheSizeInBytes,
+		Reservation:     r.Reservation,
 	}
 	o.Username, o.Password = splitAuth(r.Auth)
 	switch r.Type {

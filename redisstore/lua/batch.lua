@@ -33,8 +33,14 @@
 -- limit, hits (0: check whether one more hit would fit), veto (1/0),
 -- algorithm (its ALG_* number), flags (1: a refund; 2: charge always, hits are
 -- recorded even when they do not fit: window.Request.ChargeAlways, served
--- by the algorithms in CHARGEABLE only); for an algorithm in HOLDS (concurrency), one more
--- double: the holder (window.HolderID, 0 for nobody).
+-- by the algorithms in CHARGEABLE only; 4: a reservation, see below); for an algorithm in
+-- HOLDS (concurrency), one more double: the holder (window.HolderID, 0 for nobody).
+--
+-- A reservation (sliding window only: SlidingWindow.reserve) has four more
+-- doubles: the replica's holder number, the hits it spent of the block it
+-- holds (-1: none held), the hits it wants and the validity (us). Its
+-- answer's recorded is the hits granted (0: none), bucket the grant's time;
+-- it is never refused in the veto sense, and its group holds nothing else.
 --
 -- Returns 5 integers per counter, groups in order: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding window and sliding log: the time in
@@ -84,13 +90,21 @@ local function runGroup(kb, packed, n, dry, reply)
     if impl == nil then
       return 'unknown algorithm ' .. tostring(alg)
     end
-    local always = flags >= 2
+    local always = flags % 4 >= 2
     if always and not CHARGEABLE[alg] then
       return 'charge always is not served by algorithm ' .. tostring(alg)
     end
     local holder = 0
     if HOLDS[alg] then
       holder, pos = struct.unpack('<d', packed, pos)
+    end
+    local reserve
+    if flags >= 4 then
+      if impl.reserve == nil then
+        return 'reservations are not served by algorithm ' .. tostring(alg)
+      end
+      reserve = {}
+      reserve.holder, reserve.used, reserve.want, reserve.validity, pos = struct.unpack('<dddd', packed, pos)
     end
     local key = KEYS_[kb + i]
     local st = states[key]
@@ -100,7 +114,7 @@ local function runGroup(kb, packed, n, dry, reply)
     end
     reqs[i] = {
       limit = limit, hits = hits, veto = veto == 1, neg = flags % 2 == 1, always = always,
-      holder = holder, st = st, impl = impl, winNs = k * b * 1000,
+      holder = holder, st = st, impl = impl, winNs = k * b * 1000, reserve = reserve,
     }
   end
 
@@ -108,7 +122,10 @@ local function runGroup(kb, packed, n, dry, reply)
   local out = {}
   for i = 1, n do
     local q = reqs[i]
-    if not q.neg then
+    if q.reserve then
+      local v = q.reserve
+      out[i] = q.impl.reserve(q.st, q.limit, v.holder, v.used, v.want, v.validity)
+    elseif not q.neg then
       local r = answer(q, q.hits)
       out[i] = r
       if q.veto and not r.allowed then
@@ -161,7 +178,11 @@ local function runGroup(kb, packed, n, dry, reply)
   for i = 1, n do
     local r, a = out[i], #reply
     reply[a + 1] = r.allowed and 1 or 0
-    reply[a + 2] = r.recorded and 1 or 0
+    if type(r.recorded) == 'number' then
+      reply[a + 2] = r.recorded -- a reservation's grant
+    else
+      reply[a + 2] = r.recorded and 1 or 0
+    end
     reply[a + 3] = r.remaining
     reply[a + 4] = r.reset
     reply[a + 5] = r.bucket

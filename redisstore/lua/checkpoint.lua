@@ -14,7 +14,10 @@
 -- BLOCKS, the limit of an exact log (at most EXACT), open the hits of the
 -- open block and openTick the tick of its newest hit. The times are n
 -- 16-bit ticks, or, for an exact log, n doubles (us). At most 20 + 2*BLOCKS
--- bytes.
+-- bytes. The blocks of quota that replicas hold (reservations, see
+-- sliding_window.lua) follow, when there are any: their number (one byte),
+-- then per reservation struct.pack('<dI4dd', holder, hits, useEnd, exp),
+-- at most RES_MAX of them.
 
 local CP = {}
 
@@ -83,18 +86,47 @@ local function cpSize(st, x)
   return cpFilled(st, x + 1) - cpFilled(st, x)
 end
 
+-- RES_MAX is the most reservations one counter holds (the tail is one
+-- byte of count and 28 bytes per reservation).
+local RES_MAX = 8
+
+-- cpDecodeReservations reads the reservations at pos of v into st.res.
+local function cpDecodeReservations(st, v, pos)
+  local r
+  r, pos = struct.unpack('B', v, pos)
+  for i = 1, r do
+    local holder, hits, useEnd, exp
+    holder, hits, useEnd, exp, pos = struct.unpack('<dI4dd', v, pos)
+    st.res[i] = {holder = holder, hits = hits, useEnd = useEnd, exp = exp}
+  end
+end
+
+-- cpEncodeReservations is the tail that holds st.res.
+local function cpEncodeReservations(st)
+  local parts = {struct.pack('B', #st.res)}
+  for i, r in ipairs(st.res) do
+    parts[i + 1] = struct.pack('<dI4dd', r.holder, r.hits, r.useEnd, r.exp)
+  end
+  return table.concat(parts)
+end
+
 -- CP.decode reads key's value (or an empty counter) for a window of w us,
 -- to be answered at now (us).
 function CP.decode(key, w, now)
   local st = {w = w, u = cpTick(w), now = now, newest = 0, quota = BLOCKS, open = 0, otick = 0,
-              head = 0, n = 0, ring = {}}
+              head = 0, n = 0, ring = {}, res = {}}
   local v = redis.call('GET', key)
   st.exists = v ~= false
   if v then
     st.newest, st.quota, st.open, st.otick, st.head, st.n = struct.unpack('<dI4I4HBB', v)
+    local pos = 21
     if st.n > 0 then
       st.ring = {struct.unpack(cpFormat(st, st.n), v, 21)}
+      pos = st.ring[st.n + 1]
       st.ring[st.n + 1] = nil -- unpack's last value is the next position
+    end
+    if #v >= pos then
+      cpDecodeReservations(st, v, pos)
     end
   end
   return st
@@ -110,7 +142,14 @@ function CP.encode(key, st)
   if st.n > 0 then
     v = v .. struct.pack(cpFormat(st, st.n), unpack(ring))
   end
-  local ttl = math.ceil((st.newest - st.now + st.u + st.w) / 1000) + 1
+  local last = st.newest + st.u + st.w -- when the newest block leaves
+  if #st.res > 0 then
+    v = v .. cpEncodeReservations(st)
+    for _, r in ipairs(st.res) do
+      last = math.max(last, r.exp, r.useEnd + st.w)
+    end
+  end
+  local ttl = math.ceil((last - st.now) / 1000) + 1
   redis.call('SET', key, v, 'PX', math.max(ttl, 1))
 end
 

@@ -13,19 +13,83 @@ function SlidingWindow.load(key, b, k)
   return st
 end
 
+-- Reservations: a replica may hold a block of a counter's quota and spend
+-- it without a round trip per hit (redisstore/reserve.go). A reservation
+-- counts in full from the moment it is granted. The replica spends it only
+-- until useEnd (the grant's time plus the validity), then settles it: the
+-- hits it used are added at the time of the settling, which is no earlier
+-- than any of them, and the rest is given back. One that is not settled by
+-- exp (useEnd plus the validity) is taken as used in full, at the time it
+-- is noticed (or dropped, if a window has passed since useEnd). So every
+-- hit spent from a block counts for at least a window from its own time,
+-- and no window admits more than the limit.
+
+-- RES_SHARE: a grant takes at most 1/RES_SHARE of what the limit has left,
+-- so blocks shrink to nothing as a counter approaches its limit; RES_MIN:
+-- smaller grants are not made (the hits then go to Redis one by one).
+local RES_SHARE, RES_MIN = 8, 4
+
+-- swExpire takes the reservations past their exp as used. After advance
+-- and resize.
+local function swExpire(st)
+  if #st.res == 0 then
+    return
+  end
+  local kept = {}
+  for _, r in ipairs(st.res) do
+    if st.now < r.exp then
+      kept[#kept + 1] = r
+    else
+      if st.now < r.useEnd + st.w then
+        CP.add(st, st.t, math.min(r.hits, MAX_LIMIT - math.min(CP.estimate(st), MAX_LIMIT)))
+      end
+      st.dirty = true
+    end
+  end
+  st.res = kept
+end
+
+-- swReserved is the hits the reservations hold.
+local function swReserved(st)
+  local o = 0
+  for _, r in ipairs(st.res) do
+    o = o + r.hits
+  end
+  return o
+end
+
+-- swRetry is the time (ns) until need more hits fit under limit, with est
+-- hits counted and o reserved: when enough blocks leave the window, or, if
+-- the reservations alone leave too little room, when the first of them
+-- must be settled.
+local function swRetry(st, est, o, need, limit)
+  if o == 0 or need > limit then
+    return CP.retryAfter(st, est, need, limit)
+  elseif need <= limit - o then
+    return CP.retryAfter(st, est, need, limit - o)
+  end
+  local soonest = math.huge
+  for _, r in ipairs(st.res) do
+    soonest = math.min(soonest, r.exp)
+  end
+  return math.max(soonest - st.now, 0) * 1000
+end
+
 function SlidingWindow.allow(st, hits, limit, always)
   CP.resize(st, CP.quotaFor(limit))
-  local est = CP.estimate(st)
+  swExpire(st)
+  local own, o = CP.estimate(st), swReserved(st)
+  local est = own + o
   local r = {remaining = limit - math.min(est, limit), bucket = st.t}
   local need = math.max(hits, 1)
   if always and hits > 0 and (est > limit or hits > limit - est) then
     -- a debt: every hit is counted, up to what the fields hold
-    CP.add(st, st.t, math.min(hits, MAX_LIMIT - math.min(est, MAX_LIMIT)))
+    CP.add(st, st.t, math.min(hits, MAX_LIMIT - math.min(own, MAX_LIMIT)))
     st.dirty, st.added = true, true
     r.recorded, r.remaining = true, 0
-    r.reset = CP.retryAfter(st, CP.estimate(st), 1, limit)
+    r.reset = swRetry(st, CP.estimate(st), o, 1, limit)
   elseif est > limit or need > limit - est then
-    r.reset = CP.retryAfter(st, est, need, limit)
+    r.reset = swRetry(st, own, o, need, limit)
   elseif hits == 0 then
     r.allowed = true
     r.reset = CP.newestAgeOut(st)
@@ -37,6 +101,55 @@ function SlidingWindow.allow(st, hits, limit, always)
     r.reset = CP.newestAgeOut(st)
   end
   return r
+end
+
+-- reserve settles holder's block (used: the hits spent since the last
+-- settling, recorded now; -1 for a new block), then, if want > 0,
+-- tops it up to want hits (what is left of it, plus up to 1/RES_SHARE of
+-- what the limit has left), valid for validity us from now; with want 0 the
+-- rest is given back. Its answer: allowed if Redis held the block,
+-- recorded the hits the block now holds (0: none), remaining what the
+-- limit has left after it, reset when everything counted has aged out,
+-- and bucket the time of the grant (us).
+function SlidingWindow.reserve(st, limit, holder, used, want, validity)
+  CP.resize(st, CP.quotaFor(limit))
+  swExpire(st)
+  local found, rest = false, 0
+  for i, r in ipairs(st.res) do
+    if r.holder == holder then
+      found = true
+      rest = r.hits - math.min(math.max(used, 0), r.hits)
+      table.remove(st.res, i)
+      break
+    end
+  end
+  -- The hits spent are recorded even when the block is gone: taken as
+  -- spent in full at exp (they then count twice, which only costs
+  -- capacity), or lost with Redis's data (they must count).
+  if used > 0 then
+    CP.add(st, st.t, math.min(used, MAX_LIMIT - math.min(CP.estimate(st), MAX_LIMIT)))
+    st.added = true
+  end
+  if found or used > 0 then
+    st.dirty = true
+  end
+  local room = limit - math.min(CP.estimate(st) + swReserved(st) + rest, limit)
+  local g = 0
+  if want > rest and (found or #st.res < RES_MAX) then
+    g = math.min(want - rest, idiv(room, RES_SHARE))
+    if g < RES_MIN then
+      g = 0
+    end
+  end
+  local total = 0
+  if want > 0 then
+    total = rest + g
+  end
+  if total > 0 then
+    st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + 2 * validity}
+    st.dirty = true
+  end
+  return {allowed = found, recorded = total, remaining = room - g, reset = CP.newestAgeOut(st), bucket = st.t}
 end
 
 function SlidingWindow.refund(st, hits)

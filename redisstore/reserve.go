@@ -1,0 +1,449 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// Reservations (Options.Reservation): a replica takes a block of a busy
+// sliding window's quota from Redis and spends it locally, so that a key
+// far from its limit costs Redis one script call per block rather than one
+// per request. The rules that keep every window within the limit are in
+// lua/sliding_window.lua (SlidingWindow.reserve):
+//
+//   - a block counts in Redis, in full, from the moment it is granted;
+//   - the replica spends it only until its deadline, the time the request
+//     for it was sent plus the validity V (so before the grant's time plus
+//     V, by Redis's clock, whatever the replicas' clocks say), and settles
+//     it before Redis's exp (the grant's time plus 2V): the hits it spent
+//     are then recorded at the settling time, no earlier than any of them,
+//     and the rest is given back; a block not settled by then is taken as
+//     spent in full;
+//   - a grant takes at most an eighth of what the limit has left, so blocks
+//     shrink to nothing as a key approaches its limit, and every hit of a
+//     key near its limit goes to Redis as before.
+//
+// The block's size follows the key's demand on this replica: twice the hits
+// asked in the last validity, so that an idle replica strands little. A
+// block that still has room is topped up (the hits spent settled, more
+// granted, the deadline moved on) without a pause in local answers; a block
+// left idle for a quarter of V is given back whole.
+
+// DefaultReservationKeys is Options.ReservationKeys when it is 0.
+const DefaultReservationKeys = 100_000
+
+// reservationShares is how many validities a counter's window holds at
+// least: V is at most W/reservationShares. A hit spent from a block is
+// recorded when the block is settled, up to V after it was spent, so it
+// may count up to V longer than it would have: at most a 32nd of a window,
+// which is what blocks cost in capacity (TestReservationsNeverOvershootAWindow
+// measures it against an exact log).
+const reservationShares = 32
+
+// reserver is a Store's table of blocks, by counter key.
+type reserver struct {
+	s        *Store
+	validity time.Duration
+	maxKeys  int
+	// base numbers this replica's blocks: base + a sequence, each block its
+	// own holder in Redis (an orphaned block never meets a later one).
+	base float64
+	seq  uint64
+
+	mu   sync.Mutex
+	keys map[string]*block
+	// queue carries the keys whose block is to be asked for, topped up or
+	// given back (each at most once: block.pending).
+	queue chan string
+}
+
+// block is this replica's reservation on one counter, and the demand that
+// sizes it.
+type block struct {
+	spec  window.Spec
+	limit uint64
+	// holder names the block in Redis (0: none held).
+	holder float64
+	// avail is what may still be spent; spent is what was spent since the
+	// last settling was sent.
+	avail, spent uint64
+	// remaining is what the limit had left after the grant.
+	remaining uint64
+	grantedAt int64         // Redis time of the grant, µs
+	deadline  time.Duration // local clock: spend only before it
+	// pending: a call for this block is queued or in flight; giveBack:
+	// that call gives the block back (nothing is spent meanwhile).
+	pending, giveBack bool
+	lastUse           time.Duration
+	// seen is when a request for the key last went to Redis; demand the
+	// hits asked since since.
+	seen, since time.Duration
+	demand      uint64
+	// retryAt: Redis granted nothing (the key is near its limit); no block
+	// is asked for before then.
+	retryAt time.Duration
+}
+
+// newReserver returns the table of s, or nil when reservations are off.
+func newReserver(s *Store, validity time.Duration, maxKeys int) *reserver {
+	if validity <= 0 {
+		return nil
+	}
+	if maxKeys <= 0 {
+		maxKeys = DefaultReservationKeys
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return &reserver{
+		s: s, validity: validity, maxKeys: maxKeys,
+		base:  float64(binary.LittleEndian.Uint32(b[:])) * (1 << 20),
+		keys:  map[string]*block{},
+		queue: make(chan string, 4*maxBatchCalls),
+	}
+}
+
+// validFor is the validity of blocks of a counter of spec.
+func (rv *reserver) validFor(spec window.Spec) time.Duration {
+	return min(rv.validity, spec.Length()/reservationShares)
+}
+
+// eligible reports whether r may be answered from a block: a sliding
+// window's check or hits, while no local-failure-mode hits are in its
+// window (Redis does not know them, see withLocalHits).
+func (rv *reserver) eligible(r *window.Request, now time.Duration) bool {
+	if r.Algorithm != window.SlidingWindow || r.Negative || r.ChargeAlways || r.Hits > window.MaxLimit {
+		return false
+	}
+	last := rv.s.lastLocal.Load()
+	return last == 0 || now-time.Duration(last) >= r.Spec.Length()
+}
+
+// take answers reqs from this replica's blocks, all or none: it reports
+// false (and spends nothing) unless every request is eligible and its
+// key's block has room for it before its deadline.
+func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration) ([]window.Result, bool) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for i := range reqs {
+		r := &reqs[i]
+		b := rv.keys[keys[i]]
+		if b == nil || !rv.eligible(r, now) || !b.spendable(r, now) {
+			return nil, false
+		}
+	}
+	// Spend, checking the room that earlier requests of the batch left.
+	results := make([]window.Result, len(reqs))
+	for i := range reqs {
+		r, b := &reqs[i], rv.keys[keys[i]]
+		if need(r.Hits) > b.avail {
+			for j := range i {
+				rv.keys[keys[j]].avail += reqs[j].Hits
+				rv.keys[keys[j]].spent -= reqs[j].Hits
+			}
+			return nil, false
+		}
+		b.avail -= r.Hits
+		b.spent += r.Hits
+	}
+	for i := range reqs {
+		r, b := &reqs[i], rv.keys[keys[i]]
+		b.lastUse = now
+		b.demand += r.Hits
+		results[i] = window.Result{
+			Allowed:   true,
+			Recorded:  r.Hits > 0,
+			Remaining: b.remaining + b.avail,
+			// Every hit counted ages out within a window of the block's
+			// settling, at its deadline at the latest.
+			Reset:  r.Spec.Length() + b.deadline - now,
+			Bucket: blockBucket(b.grantedAt),
+		}
+		if !b.pending && (b.avail < b.want(rv.validFor(b.spec), now)/2 || b.deadline-now < rv.validFor(b.spec)/2) {
+			rv.enqueue(keys[i], b, false)
+		}
+	}
+	return results, true
+}
+
+// spendable reports whether b may answer r at now (room is checked by
+// take).
+func (b *block) spendable(r *window.Request, now time.Duration) bool {
+	return b.holder != 0 && !b.giveBack && now < b.deadline && b.limit == min(r.Limit, window.MaxLimit) && b.spec == r.Spec
+}
+
+// want is the block b should hold: twice the hits asked per validity v
+// since the last call, at least the script's smallest grant.
+func (b *block) want(v, now time.Duration) uint64 {
+	elapsed := max(now-b.since, v/8, time.Microsecond)
+	w := uint64(math.Ceil(2 * float64(b.demand) * float64(v) / float64(elapsed)))
+	return max(w, resMin)
+}
+
+// resMin is the smallest block the script grants (RES_MIN in
+// lua/sliding_window.lua).
+const resMin = 4
+
+// sawRemote notes the requests reqs[idx] that Redis answered (results):
+// a key asked for twice within the validity, with room for a block, gets
+// one, and a held block that could not answer is topped up.
+func (rv *reserver) sawRemote(reqs []window.Request, results []window.Result, keys []string, idx []int, now time.Duration) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for _, i := range idx {
+		r := &reqs[i]
+		if !rv.eligible(r, now) {
+			continue
+		}
+		b := rv.keys[keys[i]]
+		if b == nil {
+			if len(rv.keys) >= rv.maxKeys {
+				continue
+			}
+			b = &block{since: now, seen: now}
+			rv.keys[keys[i]] = b
+			b.demand += r.Hits
+			continue
+		}
+		b.demand += r.Hits
+		busy := now-b.seen < rv.validFor(r.Spec)
+		b.seen = now
+		if b.holder != 0 {
+			// Redis's answer is fresher: it excludes the whole block,
+			// which the block's own answers add back.
+			b.remaining = results[i].Remaining
+		}
+		switch {
+		case b.pending:
+		case b.holder != 0:
+			if !b.spendable(r, now) || b.avail < need(r.Hits) {
+				b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
+				rv.enqueue(keys[i], b, false)
+			}
+		case busy && now >= b.retryAt && results[i].Remaining/8 >= resMin:
+			b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
+			rv.enqueue(keys[i], b, false)
+		}
+	}
+}
+
+// enqueue queues a call for key's block: a top-up, or with giveBack its
+// return. rv.mu is held.
+func (rv *reserver) enqueue(key string, b *block, giveBack bool) {
+	select {
+	case rv.queue <- key:
+		b.pending, b.giveBack = true, giveBack
+	default: // full: the next request or sweep asks again
+	}
+}
+
+// run sends the queued calls, several per round trip, and sweeps the
+// table every quarter of the validity, until ctx is done.
+func (rv *reserver) run(ctx context.Context) {
+	tick := time.NewTicker(max(rv.validity/4, time.Millisecond))
+	defer tick.Stop()
+	keys := make([]string, 0, maxBatchCalls)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			rv.sweep(rv.s.clock.Now())
+			continue
+		case k := <-rv.queue:
+			keys = append(keys[:0], k)
+		}
+	drain:
+		for len(keys) < maxBatchCalls {
+			select {
+			case k := <-rv.queue:
+				keys = append(keys, k)
+			default:
+				break drain
+			}
+		}
+		rv.send(ctx, keys)
+	}
+}
+
+// sweep gives back the blocks idle for a quarter of their validity or
+// past their deadline, tops up the busy ones that near it, and forgets
+// keys idle for a few validities.
+func (rv *reserver) sweep(now time.Duration) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for key, b := range rv.keys {
+		if b.pending {
+			continue
+		}
+		v := rv.validity
+		if b.holder != 0 {
+			v = rv.validFor(b.spec)
+		}
+		switch {
+		case b.holder != 0 && (now-b.lastUse >= v/4 || now >= b.deadline):
+			rv.enqueue(key, b, true)
+		case b.holder != 0 && b.deadline-now < v/2:
+			rv.enqueue(key, b, false)
+		case b.holder == 0 && now-b.seen >= 4*v:
+			delete(rv.keys, key)
+		}
+	}
+}
+
+// reservation is one queued call as sent.
+type reservation struct {
+	key      string
+	b        *block
+	holder   float64
+	used     float64 // -1: a new block
+	want     uint64
+	giveBack bool
+	sent     time.Duration
+}
+
+// send asks Redis for every key's block in one job (one script call per
+// slot), and applies the answers.
+func (rv *reserver) send(ctx context.Context, keys []string) {
+	now := rv.s.clock.Now()
+	ops := make([]reservation, 0, len(keys))
+	rv.mu.Lock()
+	for _, k := range keys {
+		b := rv.keys[k]
+		if b == nil || !b.pending {
+			continue
+		}
+		op := reservation{key: k, b: b, holder: b.holder, used: float64(b.spent), giveBack: b.giveBack, sent: now}
+		if b.holder == 0 {
+			rv.seq++
+			op.holder, op.used = rv.base+float64(rv.seq%(1<<20)+1), -1
+		}
+		if !op.giveBack {
+			op.want = b.want(rv.validFor(b.spec), now)
+		}
+		b.spent = 0
+		b.demand, b.since = 0, now
+		ops = append(ops, op)
+	}
+	rv.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+
+	calls := make([]call, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		req := window.Request{Spec: op.b.spec, Limit: op.b.limit}
+		packed := packArgs(nil, &req)
+		packed[len(packed)-1] |= 4
+		for _, v := range []float64{op.holder, op.used, float64(op.want), float64(rv.validFor(op.b.spec) / time.Microsecond)} {
+			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
+		}
+		calls[i] = call{keys: []string{op.key}, args: []any{1, "0", packed}}
+		if rv.s.cluster {
+			calls[i].slot = keySlot(op.key)
+		}
+	}
+	var err error
+	if rv.s.state.Load() == stateDown {
+		err = ErrUnavailable
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, rv.s.timeout)
+		_, err = rv.s.timed(rctx, "reserve", &job{script: allowScript, calls: calls, merged: true, now: rv.s.nowArg()})
+		cancel()
+	}
+
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for i := range ops {
+		op, c := &ops[i], &calls[i]
+		b := op.b
+		b.pending, b.giveBack = false, false
+		if err != nil || len(c.vals) != 5 {
+			// Unknown whether Redis settled it: spend no more, and give
+			// it back once Redis answers, with every hit spent since the
+			// last settling known to Redis (recording them twice, if this
+			// call did reach Redis, only costs capacity; Redis takes an
+			// unsettled block as spent in full at its exp anyway).
+			rv.s.metrics.reservations.WithLabelValues("failed").Inc()
+			if op.used < 0 {
+				b.holder = 0 // never granted, or orphaned: Redis's exp covers it
+			} else {
+				b.spent += uint64(op.used)
+			}
+			b.avail, b.deadline = 0, 0
+			continue
+		}
+		v := c.vals
+		found, total := v[0] == 1, uint64(v[1])
+		switch {
+		case op.giveBack || total == 0:
+			rv.s.metrics.reservations.WithLabelValues("returned").Inc()
+			b.holder, b.avail, b.spent = 0, 0, 0
+			b.retryAt = now + rv.validFor(b.spec)
+			continue
+		case found:
+			rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
+		default:
+			rv.s.metrics.reservations.WithLabelValues("granted").Inc()
+		}
+		if found {
+			// The block Redis holds covers the hits spent while the call
+			// was in flight: they are settled next time.
+			b.avail = total - min(b.spent, total)
+		} else {
+			// A new block; or Redis took the old one as spent in full,
+			// which covers the hits spent in flight.
+			b.avail, b.spent = total, 0
+		}
+		b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
+		b.deadline = op.sent + rv.validFor(b.spec)
+		b.lastUse = max(b.lastUse, op.sent)
+	}
+}
+
+// blockBucket is the Result.Bucket of hits a block answered: the grant's
+// time in ns plus one, which no answer of Redis's has (theirs are whole
+// microseconds), so that Undo knows them.
+func blockBucket(grantedAt int64) int64 { return grantedAt*timeBucket + 1 }
+
+// isBlockBucket reports whether bucket is a blockBucket.
+func isBlockBucket(bucket int64) bool { return bucket > 0 && bucket%timeBucket == 1 }
+
+// undo takes back hits a block answered (a Result.Bucket of blockBucket)
+// into the block, if it is still held and not being settled; otherwise
+// they stay counted (they were, or will be, settled as spent: taking them
+// from Redis's counter could take another replica's newer hits instead).
+func (rv *reserver) undo(key string, r *window.Request, res *window.Result) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	b := rv.keys[key]
+	if b == nil || b.holder == 0 || b.pending || res.Bucket != blockBucket(b.grantedAt) || b.spent < r.Hits {
+		return
+	}
+	b.spent -= r.Hits
+	b.avail += r.Hits
+}
+
+// close gives back every block held, in one job, before the Store closes.
+func (rv *reserver) close(ctx context.Context) {
+	var keys []string
+	rv.mu.Lock()
+	for k, b := range rv.keys {
+		if b.holder != 0 && !b.pending {
+			b.pending, b.giveBack = true, true
+			keys = append(keys, k)
+		}
+	}
+	rv.mu.Unlock()
+	for len(keys) > 0 {
+		n := min(len(keys), maxBatchCalls)
+		rv.send(ctx, keys[:n])
+		keys = keys[n:]
+	}
+}
