@@ -31,9 +31,10 @@ import (
 //
 // The block's size follows the key's demand on this replica: twice the hits
 // asked in the last validity, so that an idle replica strands little. A
-// block that still has room is topped up (the hits spent settled, more
-// granted, the deadline moved on) without a pause in local answers; a block
-// left idle for a quarter of V is given back whole.
+// block is topped up (the hits spent settled, more granted, the deadline
+// moved on) when a quarter of it is left or its deadline is an eighth of V
+// away, without a pause in local answers; a block left idle for half of V
+// is given back whole.
 
 // DefaultReservationKeys is Options.ReservationKeys when it is 0.
 const DefaultReservationKeys = 100_000
@@ -164,7 +165,7 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 			Reset:  r.Spec.Length() + b.deadline - now,
 			Bucket: blockBucket(b.grantedAt),
 		}
-		if !b.pending && (b.avail < b.want(rv.validFor(b.spec), now)/2 || b.deadline-now < rv.validFor(b.spec)/2) {
+		if v := rv.validFor(b.spec); !b.pending && (b.avail < b.want(v, now)/4 || b.deadline-now < v/8) {
 			rv.enqueue(keys[i], b, false)
 		}
 	}
@@ -243,9 +244,9 @@ func (rv *reserver) enqueue(key string, b *block, giveBack bool) {
 }
 
 // run sends the queued calls, several per round trip, and sweeps the
-// table every quarter of the validity, until ctx is done.
+// table every eighth of the validity, until ctx is done.
 func (rv *reserver) run(ctx context.Context) {
-	tick := time.NewTicker(max(rv.validity/4, time.Millisecond))
+	tick := time.NewTicker(max(rv.validity/8, time.Millisecond))
 	defer tick.Stop()
 	keys := make([]string, 0, maxBatchCalls)
 	for {
@@ -271,9 +272,9 @@ func (rv *reserver) run(ctx context.Context) {
 	}
 }
 
-// sweep gives back the blocks idle for a quarter of their validity or
-// past their deadline, tops up the busy ones that near it, and forgets
-// keys idle for a few validities.
+// sweep gives back the blocks idle for half their validity or past their
+// deadline, tops up the busy ones within an eighth of it, and forgets keys
+// idle for a few validities.
 func (rv *reserver) sweep(now time.Duration) {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
@@ -286,9 +287,9 @@ func (rv *reserver) sweep(now time.Duration) {
 			v = rv.validFor(b.spec)
 		}
 		switch {
-		case b.holder != 0 && (now-b.lastUse >= v/4 || now >= b.deadline):
+		case b.holder != 0 && (now-b.lastUse >= v/2 || now >= b.deadline):
 			rv.enqueue(key, b, true)
-		case b.holder != 0 && b.deadline-now < v/2:
+		case b.holder != 0 && b.deadline-now < v/8:
 			rv.enqueue(key, b, false)
 		case b.holder == 0 && now-b.seen >= 4*v:
 			delete(rv.keys, key)
@@ -338,25 +339,9 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 	calls := make([]call, len(ops))
 	for i := range ops {
 		op := &ops[i]
-		req := window.Request{Spec: op.b.spec, Limit: op.b.limit}
-		packed := packArgs(nil, &req)
-		packed[len(packed)-1] |= 4
-		for _, v := range []float64{op.holder, op.used, float64(op.want), float64(rv.validFor(op.b.spec) / time.Microsecond)} {
-			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
-		}
-		calls[i] = call{keys: []string{op.key}, args: []any{1, "0", packed}}
-		if rv.s.cluster {
-			calls[i].slot = keySlot(op.key)
-		}
+		calls[i] = rv.s.reserveCall(op.key, op.b.spec, op.b.limit, op.holder, op.used, op.want, rv.validFor(op.b.spec))
 	}
-	var err error
-	if rv.s.state.Load() == stateDown {
-		err = ErrUnavailable
-	} else {
-		rctx, cancel := context.WithTimeout(ctx, rv.s.timeout)
-		_, err = rv.s.timed(rctx, "reserve", &job{script: allowScript, calls: calls, merged: true, now: rv.s.nowArg()})
-		cancel()
-	}
+	err := rv.s.runReserve(ctx, calls)
 
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
@@ -446,4 +431,33 @@ func (rv *reserver) close(ctx context.Context) {
 		rv.send(ctx, keys[:n])
 		keys = keys[n:]
 	}
+}
+
+// reserveCall is the allow-script group of one reservation of key (a
+// counter key) on a sliding window of spec and limit: see
+// SlidingWindow.reserve in lua/sliding_window.lua.
+func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, want uint64, validity time.Duration) call {
+	req := window.Request{Spec: spec, Limit: limit}
+	packed := packArgs(nil, &req)
+	packed[len(packed)-1] |= 4
+	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond)} {
+		packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
+	}
+	c := call{keys: []string{key}, args: []any{1, "0", packed}}
+	if s.cluster {
+		c.slot = keySlot(key)
+	}
+	return c
+}
+
+// runReserve sends calls (reserveCall's) in one job, bounded by the
+// Store's timeout; each call's vals then holds its 5 integers.
+func (s *Store) runReserve(ctx context.Context, calls []call) error {
+	if s.state.Load() == stateDown {
+		return ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.timed(ctx, "reserve", &job{script: allowScript, calls: calls, merged: true, now: s.nowArg()})
+	return err
 }

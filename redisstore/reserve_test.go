@@ -190,3 +190,94 @@ func exactLogAdmits(offered []time.Duration, limit int, w time.Duration) int {
 	}
 	return n
 }
+
+// TestReserveScript drives the script's reservations directly, on a fake
+// clock: what a grant takes, that a block counts in full for everyone
+// else, what settling records and gives back, and what becomes of a block
+// nobody settles.
+func TestReserveScript(t *testing.T) {
+	r := redistest.Start(t)
+	clock := testclock.At(base)
+	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), clock)
+	waitHealthy(t, s)
+	ctx := context.Background()
+	const v = 10 * time.Millisecond
+	sp := mustSpec(t, time.Second, 1)
+	type grant struct{ found, total, remaining int64 }
+	reserve := func(key string, limit uint64, holder, used float64, want uint64) grant {
+		t.Helper()
+		req := window.Request{Key: key, Spec: sp}
+		calls := []call{s.reserveCall(s.counterKey(&req), sp, limit, holder, used, want, v)}
+		if err := s.runReserve(ctx, calls); err != nil {
+			t.Fatal(err)
+		}
+		c := calls[0].vals
+		return grant{c[0], c[1], c[2]}
+	}
+	// remaining is what a check of key reads.
+	remaining := func(key string, limit uint64) uint64 {
+		t.Helper()
+		res, err := s.Do(ctx, []window.Request{{Key: key, Spec: sp, Limit: limit}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Remaining
+	}
+	expect := func(what string, got, want any) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s: got %v, want %v", what, got, want)
+		}
+	}
+
+	expect("first grant", reserve("k", 1000, 1, -1, 100), grant{0, 100, 900})
+	expect("a block counts in full", remaining("k", 1000), uint64(900))
+	expect("a grant takes at most an eighth of the room", reserve("k", 1000, 2, -1, 1000), grant{0, 112, 788})
+	// Holder 1 spent 30: recorded; 70 left; topped up to 100 again.
+	expect("top-up", reserve("k", 1000, 1, 30, 100), grant{1, 100, 758})
+	expect("after the top-up", remaining("k", 1000), uint64(758))
+	// Holder 2 spent 12 and gives the rest back.
+	expect("give back", reserve("k", 1000, 2, 12, 0), grant{1, 0, 858})
+	expect("after giving back", remaining("k", 1000), uint64(858))
+	// Holder 1's block is never settled: at its exp (2V after the grant)
+	// it counts as spent in full, until a window has passed.
+	clock.Advance(2 * v)
+	expect("an unsettled block, spent in full", remaining("k", 1000), uint64(858))
+	expect("nothing of it to settle", reserve("k", 1000, 1, 0, 0), grant{0, 0, 858})
+	clock.Advance(time.Second + 2*v)
+	expect("a window later", remaining("k", 1000), uint64(1000))
+
+	// A block noticed only a window after it ended is dropped uncounted.
+	expect("grant", reserve("late", 1000, 3, -1, 50), grant{0, 50, 950})
+	clock.Advance(2 * time.Second)
+	expect("dropped", remaining("late", 1000), uint64(1000))
+
+	// Hits spent of a block Redis no longer holds (lost with its data)
+	// are recorded all the same.
+	expect("settling a lost block", reserve("lost", 1000, 4, 7, 0), grant{0, 0, 993})
+
+	// Small grants are not made: near its limit a key goes to Redis hit by hit.
+	expect("limit 20", reserve("small", 20, 5, -1, 100), grant{0, 0, 20})
+	// At most eight blocks on one counter.
+	for h := range 8 {
+		if g := reserve("many", 1_000_000, float64(10+h), -1, 10); g.total != 10 {
+			t.Fatalf("block %d: %+v", h, g)
+		}
+	}
+	expect("a ninth block", reserve("many", 1_000_000, 20, -1, 10).total, int64(0))
+
+	// A request the blocks leave no room for is refused until the first
+	// of them must be settled.
+	expect("grant", reserve("room", 100, 6, -1, 100), grant{0, 12, 88})
+	res, err := s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: 100, Hits: 89}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("89 of 100 with 12 reserved", res[0].Allowed, false)
+	expect("retry after", res[0].Reset, 2*v)
+	res, err = s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: 100, Hits: 88}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("88 of 100 with 12 reserved", res[0].Allowed, true)
+}

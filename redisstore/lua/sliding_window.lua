@@ -133,6 +133,9 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity)
   if found or used > 0 then
     st.dirty = true
   end
+  if want == 0 then
+    rest = 0 -- given back
+  end
   local room = limit - math.min(CP.estimate(st) + swReserved(st) + rest, limit)
   local g = 0
   if want > rest and (found or #st.res < RES_MAX) then
@@ -141,10 +144,7 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity)
       g = 0
     end
   end
-  local total = 0
-  if want > 0 then
-    total = rest + g
-  end
+  local total = rest + g
   if total > 0 then
     st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + 2 * validity}
     st.dirty = true
