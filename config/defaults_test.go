@@ -114,7 +114,7 @@ var documentedDefaults = map[string]string{
 	"CACHE_KEY_PREFIX":                              "",
 	"LOCAL_CACHE_SIZE_IN_BYTES":                     "0",
 	"REDIS_FAILURE_MODE":                            "error",
-	"REDIS_RESERVATION":                             "1s",
+	"REDIS_RESERVATION":                             "2s",
 	"CONFIG_TYPE":                                   "FILE",
 	"CONFIG_GRPC_XDS_SERVER_URL":                    "localhost:18000",
 	"CONFIG_GRPC_XDS_NODE_ID":                       "default",

@@ -102,7 +102,7 @@ type Redis struct {
 	// sliding window's quota, taken from Redis, without a round trip per
 	// request (at most a 32nd of the window; see docs/redis.md). 0 sends
 	// every request to Redis.
-	Reservation time.Duration `envconfig:"REDIS_RESERVATION" default:"1s"`
+	Reservation time.Duration `envconfig:"REDIS_RESERVATION" default:"2s"`
 }
 
 // Validate reports every invalid Redis setting at once, naming the variable.

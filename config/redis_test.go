@@ -32,7 +32,7 @@ func TestRedisDefaults(t *testing.T) {
 	}
 	want := Redis{
 		SocketType: "tcp", URL: "localhost:6379", Type: RedisSingle, PoolSize: 10,
-		Timeout: 100 * time.Millisecond, FailureMode: RedisFailError, Reservation: time.Second,
+		Timeout: 100 * time.Millisecond, FailureMode: RedisFailError, Reservation: 2 * time.Second,
 	}
 	if s.Redis != want {
 		t.Fatalf("defaults %+v, want %+v", s.Redis, want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"math"
 	"sync"
 	"time"
@@ -349,6 +350,11 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 		op, c := &ops[i], &calls[i]
 		b := op.b
 		b.pending, b.giveBack = false, false
+		if errors.Is(err, ErrUnavailable) {
+			// Not sent (Redis is down): the block stands as it was.
+			b.spent += uint64(max(op.used, 0))
+			continue
+		}
 		if err != nil || len(c.vals) != 5 {
 			// Unknown whether Redis settled it: spend no more, and give
 			// it back once Redis answers, with every hit spent since the

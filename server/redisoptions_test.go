@@ -20,19 +20,19 @@ func TestRedisOptions(t *testing.T) {
 		want   redisstore.Options
 	}{
 		{"defaults", func(*config.Redis) {}, redisstore.Options{Network: "tcp", Addrs: []string{"localhost:6379"},
-			PoolSize: 10, Timeout: 100 * time.Millisecond, Reservation: time.Second}},
+			PoolSize: 10, Timeout: 100 * time.Millisecond, Reservation: 2 * time.Second}},
 		{"sentinel, auth, key prefix, local cache, local mode", func(r *config.Redis) {
 			r.Type, r.URL, r.Auth, r.SentinelAuth = config.RedisSentinel, "mymaster, s1:26379 ,s2:26379", "pw", "admin:spw"
 			r.CacheKeyPrefix, r.LocalCacheSizeInBytes, r.FailureMode = "lg_", 4096, config.RedisFailLocal
 		}, redisstore.Options{Topology: redisstore.Sentinel, Network: "tcp", MasterName: "mymaster",
 			Addrs: []string{"s1:26379", "s2:26379"}, Password: "pw", SentinelUsername: "admin", SentinelPassword: "spw",
 			PoolSize: 10, Timeout: 100 * time.Millisecond, KeyPrefix: "lg_", LocalCacheBytes: 4096, FailureMode: redisstore.FailLocal,
-			Reservation: time.Second}},
+			Reservation: 2 * time.Second}},
 		{"cluster, ACL user, deny", func(r *config.Redis) {
 			r.Type, r.URL, r.Auth, r.FailureMode = config.RedisCluster, "a:1,b:2,,c:3", "user:pw", config.RedisFailDeny
 		}, redisstore.Options{Topology: redisstore.Cluster, Network: "tcp", Addrs: []string{"a:1", "b:2", "c:3"},
 			Username: "user", Password: "pw", PoolSize: 10, Timeout: 100 * time.Millisecond, FailureMode: redisstore.FailDeny,
-			Reservation: time.Second}},
+			Reservation: 2 * time.Second}},
 		{"unix socket, allow, no reservations", func(r *config.Redis) {
 			r.SocketType, r.URL, r.FailureMode, r.Reservation = "unix", "/run/redis.sock", config.RedisFailAllow, 0
 		}, redisstore.Options{Network: "unix", Addrs: []string{"/run/redis.sock"}, PoolSize: 10,

@@ -1,0 +1,158 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/window"
+)
+
+// blockAnswer sends req to s until a block answers it (the first requests
+// go to Redis and make the key busy), and returns that answer.
+func blockAnswer(t *testing.T, s *Store, req window.Request) window.Result {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		res, err := s.Do(context.Background(), []window.Request{req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isBlockBucket(res[0].Bucket) {
+			return res[0]
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("no block answered within 5 s")
+	return window.Result{}
+}
+
+// check is what a check of req's key on s reads.
+func check(t *testing.T, s *Store, req window.Request) window.Result {
+	t.Helper()
+	req.Hits = 0
+	res, err := s.Do(context.Background(), []window.Request{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[0]
+}
+
+// TestBlocks covers what a replica does with its blocks: Undo gives a hit
+// back to the block, Close gives the blocks back to Redis, a changed limit
+// is not answered from a block taken under the old one, and a block keeps
+// answering through a Redis outage until its deadline, its hits recorded
+// once Redis is back (even though Redis lost the block).
+func TestBlocks(t *testing.T) {
+	r := redistest.Start(t)
+	ctx := context.Background()
+	sp := mustSpec(t, time.Hour, 1)
+	plain := newTestStore(t, settingsFor(r.Addr()), Options{}) // no blocks: reads Redis
+	waitHealthy(t, plain)
+
+	t.Run("undo", func(t *testing.T) {
+		s := reservingStore(t, r.Addr(), time.Second, nil)
+		req := window.Request{Key: "undo", Spec: sp, Limit: 1_000_000, Hits: 1}
+		first := blockAnswer(t, s, req)
+		if err := s.Undo(ctx, []window.Request{req}, []window.Result{first}); err != nil {
+			t.Fatal(err)
+		}
+		next := blockAnswer(t, s, req)
+		if next.Remaining != first.Remaining {
+			t.Fatalf("after an undo the next hit left %d, want %d (the undone hit back in the block)", next.Remaining, first.Remaining)
+		}
+	})
+
+	t.Run("close", func(t *testing.T) {
+		st := settingsFor(r.Addr())
+		st.Reservation = time.Second
+		s, err := New(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitHealthy(t, s)
+		req := window.Request{Key: "close", Spec: sp, Limit: 1000, Hits: 1}
+		blockAnswer(t, s, req)
+		spent := 0
+		for ; spent < 3; spent++ {
+			blockAnswer(t, s, req)
+		}
+		held := check(t, plain, req).Remaining
+		s.Close()
+		after := check(t, plain, req).Remaining
+		if after <= held {
+			t.Fatalf("remaining %d before Close, %d after: the block was not given back", held, after)
+		}
+		// Every hit admitted counts, the block's included: none was lost.
+		if used := 1000 - after; used < uint64(spent)+1 {
+			t.Fatalf("Redis counts %d hits after Close, want at least %d", used, spent+1)
+		}
+	})
+
+	t.Run("changed limit", func(t *testing.T) {
+		s := reservingStore(t, r.Addr(), time.Second, nil)
+		req := window.Request{Key: "cut", Spec: sp, Limit: 1000, Hits: 1}
+		for range 20 {
+			blockAnswer(t, s, req)
+		}
+		req.Limit = 10
+		res, err := s.Do(ctx, []window.Request{req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Allowed || isBlockBucket(res[0].Bucket) {
+			t.Fatalf("a cut to 10 after 20 hits answered %+v", res[0])
+		}
+	})
+
+	t.Run("outage", func(t *testing.T) {
+		r := redistest.Start(t)
+		s := reservingStore(t, r.Addr(), 500*time.Millisecond, nil)
+		req := window.Request{Key: "outage", Spec: sp, Limit: 1000, Hits: 1}
+		blockAnswer(t, s, req)
+		r.Kill()
+		spent := 0
+		for ; ; spent++ {
+			res, err := s.Do(ctx, []window.Request{req})
+			if err != nil {
+				if !errors.Is(err, ErrUnavailable) && !isTimeout(err) {
+					t.Fatalf("after the block's deadline: %v", err)
+				}
+				break
+			}
+			if !isBlockBucket(res[0].Bucket) {
+				t.Fatalf("answered with Redis down, not from the block: %+v", res[0])
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if spent < 10 {
+			t.Fatalf("the block answered %d requests in the outage, want it to last until its deadline", spent)
+		}
+		r.Restart()
+		waitHealthy(t, s)
+		plain := newTestStore(t, settingsFor(r.Addr()), Options{})
+		waitHealthy(t, plain)
+		// The block is given back within a sweep or two of Redis's
+		// return, with what it spent: Redis restarted empty, so that is
+		// all it counts.
+		// (The hit it answered before the kill may or may not have been
+		// settled then, and lost.)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			used := 1000 - int(check(t, plain, req).Remaining)
+			if used == spent || used == spent+1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Redis counts %d after the outage, want the %d hits the block spent in it (or one more)", used, spent)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// isTimeout reports whether err is a deadline (a call to a Redis that
+// just died, before the health check noticed).
+func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded) }
