@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leapgate/leapgate/window"
@@ -26,9 +27,13 @@ import (
 //     are then recorded at the settling time, no earlier than any of them,
 //     and the rest is given back; a block not settled by then is taken as
 //     spent in full;
-//   - a grant takes at most an eighth of what the limit has left, so blocks
-//     shrink to nothing as a key approaches its limit, and every hit of a
-//     key near its limit goes to Redis as before.
+//   - blocks are only for keys far from their limit: a grant is made only
+//     if the demand it is sized for, over a whole window, from this replica
+//     and every other that holds a block, fits in what the limit has left
+//     (so a burst that would reach the limit, or steady traffic near it,
+//     goes to Redis hit by hit, as without blocks); and it takes at most an
+//     eighth of what is left, so blocks shrink to nothing as a key
+//     approaches its limit.
 //
 // The block's size follows the key's demand on this replica: twice the hits
 // asked in the last validity, so that an idle replica strands little. A
@@ -57,6 +62,9 @@ type reserver struct {
 	// own holder in Redis (an orphaned block never meets a later one).
 	base float64
 	seq  uint64
+
+	// closing stops new calls once the Store closes (see close).
+	closing atomic.Bool
 
 	mu   sync.Mutex
 	keys map[string]*block
@@ -187,6 +195,15 @@ func (b *block) want(v, now time.Duration) uint64 {
 	return max(w, resMin)
 }
 
+// farFromLimit reports whether a key whose limit has remaining left could
+// get a block of want hits valid for v on a window of w (the script's
+// test, for this replica alone): the demand the block stands for, want
+// per two v, over a window, fits in what is left, and an eighth of that
+// is at least the smallest grant.
+func farFromLimit(remaining, want uint64, w, v time.Duration) bool {
+	return remaining/8 >= resMin && float64(want)*float64(w)/float64(v) <= 2*float64(remaining)
+}
+
 // resMin is the smallest block the script grants (RES_MIN in
 // lua/sliding_window.lua).
 const resMin = 4
@@ -227,7 +244,7 @@ func (rv *reserver) sawRemote(reqs []window.Request, results []window.Result, ke
 				b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
 				rv.enqueue(keys[i], b, false)
 			}
-		case busy && now >= b.retryAt && results[i].Remaining/8 >= resMin:
+		case busy && now >= b.retryAt && farFromLimit(results[i].Remaining, b.want(rv.validFor(r.Spec), now), r.Spec.Length(), rv.validFor(r.Spec)):
 			b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
 			rv.enqueue(keys[i], b, false)
 		}
@@ -237,6 +254,9 @@ func (rv *reserver) sawRemote(reqs []window.Request, results []window.Result, ke
 // enqueue queues a call for key's block: a top-up, or with giveBack its
 // return. rv.mu is held.
 func (rv *reserver) enqueue(key string, b *block, giveBack bool) {
+	if rv.closing.Load() {
+		return
+	}
 	select {
 	case rv.queue <- key:
 		b.pending, b.giveBack = true, giveBack
@@ -421,8 +441,22 @@ func (rv *reserver) undo(key string, r *window.Request, res *window.Result) {
 	b.avail += r.Hits
 }
 
-// close gives back every block held, in one job, before the Store closes.
+// close gives back every block held, before the Store closes: it stops
+// asking for blocks, waits (up to the Store's timeout) for the calls in
+// flight, then gives back what is held, in as few jobs as it can.
 func (rv *reserver) close(ctx context.Context) {
+	rv.closing.Store(true)
+	for wait := time.Now().Add(rv.s.timeout); time.Now().Before(wait); time.Sleep(time.Millisecond) {
+		rv.mu.Lock()
+		pending := false
+		for _, b := range rv.keys {
+			pending = pending || b.pending
+		}
+		rv.mu.Unlock()
+		if !pending {
+			break
+		}
+	}
 	var keys []string
 	rv.mu.Lock()
 	for k, b := range rv.keys {

@@ -29,6 +29,9 @@ func blockAnswer(t *testing.T, s *Store, req window.Request) window.Result {
 	return window.Result{}
 }
 
+// far is a limit no test reaches: blocks are for keys far from their limit.
+const far = 1_000_000_000
+
 // check is what a check of req's key on s reads.
 func check(t *testing.T, s *Store, req window.Request) window.Result {
 	t.Helper()
@@ -54,7 +57,7 @@ func TestBlocks(t *testing.T) {
 
 	t.Run("undo", func(t *testing.T) {
 		s := reservingStore(t, r.Addr(), time.Second, nil)
-		req := window.Request{Key: "undo", Spec: sp, Limit: 1_000_000, Hits: 1}
+		req := window.Request{Key: "undo", Spec: sp, Limit: far, Hits: 1}
 		first := blockAnswer(t, s, req)
 		if err := s.Undo(ctx, []window.Request{req}, []window.Result{first}); err != nil {
 			t.Fatal(err)
@@ -73,7 +76,7 @@ func TestBlocks(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitHealthy(t, s)
-		req := window.Request{Key: "close", Spec: sp, Limit: 1000, Hits: 1}
+		req := window.Request{Key: "close", Spec: sp, Limit: far, Hits: 1}
 		blockAnswer(t, s, req)
 		spent := 0
 		for ; spent < 3; spent++ {
@@ -86,14 +89,14 @@ func TestBlocks(t *testing.T) {
 			t.Fatalf("remaining %d before Close, %d after: the block was not given back", held, after)
 		}
 		// Every hit admitted counts, the block's included: none was lost.
-		if used := 1000 - after; used < uint64(spent)+1 {
+		if used := far - after; used < uint64(spent)+1 {
 			t.Fatalf("Redis counts %d hits after Close, want at least %d", used, spent+1)
 		}
 	})
 
 	t.Run("changed limit", func(t *testing.T) {
 		s := reservingStore(t, r.Addr(), time.Second, nil)
-		req := window.Request{Key: "cut", Spec: sp, Limit: 1000, Hits: 1}
+		req := window.Request{Key: "cut", Spec: sp, Limit: far, Hits: 1}
 		for range 20 {
 			blockAnswer(t, s, req)
 		}
@@ -110,7 +113,7 @@ func TestBlocks(t *testing.T) {
 	t.Run("outage", func(t *testing.T) {
 		r := redistest.Start(t)
 		s := reservingStore(t, r.Addr(), 500*time.Millisecond, nil)
-		req := window.Request{Key: "outage", Spec: sp, Limit: 1000, Hits: 1}
+		req := window.Request{Key: "outage", Spec: sp, Limit: far, Hits: 1}
 		blockAnswer(t, s, req)
 		r.Kill()
 		spent := 0
@@ -141,7 +144,7 @@ func TestBlocks(t *testing.T) {
 		// settled then, and lost.)
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			used := 1000 - int(check(t, plain, req).Remaining)
+			used := int(far - check(t, plain, req).Remaining)
 			if used == spent || used == spent+1 {
 				break
 			}

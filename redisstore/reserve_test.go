@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -25,35 +26,33 @@ func reservingStore(t *testing.T, addr string, validity time.Duration, reg prome
 	return s
 }
 
-// TestReservationsHoldTheLimitAcrossStores: two replicas that answer most
-// requests from blocks admit no more than the limit, and, once their
-// blocks are given back, exactly the limit: the blocks strand nothing.
-func TestReservationsHoldTheLimitAcrossStores(t *testing.T) {
+// TestBlocksCountEveryHit: two replicas that answer most requests of a key
+// far from its limit from blocks; once they have given their blocks back
+// (Close), Redis counts every hit they admitted, no more and no less.
+func TestBlocksCountEveryHit(t *testing.T) {
 	r := redistest.Start(t)
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	stores := []*Store{
 		reservingStore(t, r.Addr(), 100*time.Millisecond, regs[0]),
 		reservingStore(t, r.Addr(), 100*time.Millisecond, regs[1]),
 	}
-	// A window far longer than the test: every admitted hit is inside one
-	// window, so the limit is an exact bound on the admitted total.
 	sp := mustSpec(t, time.Hour, 1)
-	const limit = 20_000
+	const limit = 1_000_000_000
 	req := []window.Request{{Key: "far", Spec: sp, Limit: limit, Hits: 1, Veto: true}}
 	ctx := context.Background()
-	var admitted, asked atomic.Int64
+	var admitted atomic.Int64
 	var wg sync.WaitGroup
-	for w := range 8 {
+	const callers, calls = 8, 3000
+	for w := range callers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range 3000 {
+			for range calls {
 				res, err := stores[w%2].Do(ctx, req)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				asked.Add(1)
 				if res[0].Recorded {
 					admitted.Add(1)
 				}
@@ -61,34 +60,24 @@ func TestReservationsHoldTheLimitAcrossStores(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := admitted.Load(); n > limit {
-		t.Fatalf("admitted %d across two replicas, over the limit of %d", n, limit)
-	}
 	var fromBlocks float64
 	for _, reg := range regs {
 		fromBlocks += gatherCounter(t, reg, "leapgate_redis_block_answers_total")
 	}
-	t.Logf("%d of %d requests admitted, %.0f answered from blocks", admitted.Load(), asked.Load(), fromBlocks)
-	if fromBlocks < float64(asked.Load())/2 {
-		t.Errorf("only %.0f of %d requests were answered from blocks", fromBlocks, asked.Load())
+	t.Logf("%d of %d requests admitted, %.0f answered from blocks", admitted.Load(), callers*calls, fromBlocks)
+	if admitted.Load() != callers*calls {
+		t.Fatalf("admitted %d of %d, far from the limit", admitted.Load(), callers*calls)
 	}
-
-	// Idle blocks are given back within a quarter of their validity and
-	// a sweep: then the rest of the limit is there to take, to the hit.
-	time.Sleep(300 * time.Millisecond)
-	for refusals := 0; refusals < 20; {
-		res, err := stores[refusals%2].Do(ctx, req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res[0].Recorded {
-			admitted.Add(1)
-		} else {
-			refusals++
-		}
+	if fromBlocks < callers*calls/2 {
+		t.Errorf("only %.0f of %d requests were answered from blocks", fromBlocks, callers*calls)
 	}
-	if n := admitted.Load(); n != limit {
-		t.Fatalf("admitted %d in all, want the limit %d exactly", n, limit)
+	for _, s := range stores {
+		s.Close()
+	}
+	plain := newTestStore(t, settingsFor(r.Addr()), Options{})
+	waitHealthy(t, plain)
+	if used := limit - check(t, plain, req[0]).Remaining; used != callers*calls {
+		t.Fatalf("Redis counts %d hits after the blocks were given back, want the %d admitted", used, callers*calls)
 	}
 }
 
@@ -121,10 +110,15 @@ func TestReservationsNeverOvershootAWindow(t *testing.T) {
 	r := redistest.Start(t)
 	clock := testclock.At(base)
 	var stores []*Store
-	for range 2 {
+	reg := prometheus.NewRegistry()
+	for i := range 2 {
 		st := settingsFor(r.Addr())
 		st.Reservation = time.Second // capped at W/32
-		s := withFakeTime(newTestStore(t, st, Options{Clock: clock}), clock)
+		opts := Options{Clock: clock}
+		if i == 0 {
+			opts.Registry = reg
+		}
+		s := withFakeTime(newTestStore(t, st, opts), clock)
 		waitHealthy(t, s)
 		stores = append(stores, s)
 	}
@@ -134,13 +128,18 @@ func TestReservationsNeverOvershootAWindow(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var offered, admitted []time.Duration
-	for step := range 6000 { // 6 s in steps of 1 ms
-		clock.Advance(time.Millisecond)
+	var kinds []string
+	// Redis expires keys by its own (real) clock, by TTLs the scripts set
+	// in the fake time: the fake clock must never fall behind real time,
+	// or a key would expire while its hits still count.
+	start := time.Now()
+	for step := range 3000 { // 3 s or more, in steps of at least 1 ms
+		clock.Set(max(clock.Now()+time.Millisecond, base+time.Since(start)))
 		n := 0
-		if (step/700)%2 == 1 {
+		if (step/500)%2 == 1 {
 			n = 3 // 6,000 a second: six times the limit
-		} else if rng.IntN(3) == 0 {
-			n = 1 // about 670 a second
+		} else if rng.IntN(7) == 0 {
+			n = 1 // about 290 a second: far from the limit, so blocks are granted
 		}
 		for i := range 2 * n {
 			now := clock.Now()
@@ -151,11 +150,12 @@ func TestReservationsNeverOvershootAWindow(t *testing.T) {
 			offered = append(offered, now)
 			if res[0].Recorded {
 				admitted = append(admitted, now)
+				kinds = append(kinds, fmt.Sprintf("%d:%v", i%2, isBlockBucket(res[0].Bucket)))
 			}
 		}
-		if step%10 == 0 {
-			time.Sleep(100 * time.Microsecond) // let blocks be granted and settled
-		}
+		// Let blocks be granted and settled: the calls for them run on
+		// their own while the fake clock stands still.
+		time.Sleep(200 * time.Microsecond)
 	}
 	// Every window (t-W, t] ending at an admission.
 	for i, j := 0, 0; i < len(admitted); i++ {
@@ -163,12 +163,21 @@ func TestReservationsNeverOvershootAWindow(t *testing.T) {
 			j++
 		}
 		if i-j+1 > limit {
+			c := map[string]int{}
+			for k := j; k <= i; k++ {
+				c[kinds[k]]++
+			}
+			t.Logf("admissions in that window by replica:from a block: %v", c)
 			t.Fatalf("%d admitted in the window ending at %v, over the limit %d", i-j+1, admitted[i]-base, limit)
 		}
 	}
 	exact := exactLogAdmits(offered, limit, w)
-	t.Logf("offered %d, admitted %d, an exact sliding log admits %d (%.1f %%)", len(offered), len(admitted), exact,
-		100*float64(len(admitted))/float64(exact))
+	fromBlocks := gatherCounter(t, reg, "leapgate_redis_block_answers_total")
+	t.Logf("offered %d, admitted %d, an exact sliding log admits %d (%.1f %%); %.0f answered from one replica's blocks",
+		len(offered), len(admitted), exact, 100*float64(len(admitted))/float64(exact), fromBlocks)
+	if fromBlocks == 0 {
+		t.Error("no request was answered from a block: the test does not exercise them")
+	}
 	if float64(len(admitted)) < 0.95*float64(exact) {
 		t.Errorf("admitted %d, under 95 %% of the exact log's %d", len(admitted), exact)
 	}
@@ -230,34 +239,43 @@ func TestReserveScript(t *testing.T) {
 		}
 	}
 
-	expect("first grant", reserve("k", 1000, 1, -1, 100), grant{0, 100, 900})
-	expect("a block counts in full", remaining("k", 1000), uint64(900))
-	expect("a grant takes at most an eighth of the room", reserve("k", 1000, 2, -1, 1000), grant{0, 112, 788})
+	const l = 100_000 // W/V = 100: a block of want hits stands for 50*want a window
+	expect("first grant", reserve("k", l, 1, -1, 100), grant{0, 100, 99_900})
+	expect("a block counts in full", remaining("k", l), uint64(99_900))
+	// Two blocks of 900: 2 * 45,000 a window would not fit in the room.
+	expect("too much for the room", reserve("k", l, 2, -1, 1000), grant{0, 0, 99_900})
+	expect("second grant", reserve("k", l, 2, -1, 900), grant{0, 900, 99_000})
 	// Holder 1 spent 30: recorded; 70 left; topped up to 100 again.
-	expect("top-up", reserve("k", 1000, 1, 30, 100), grant{1, 100, 758})
-	expect("after the top-up", remaining("k", 1000), uint64(758))
+	expect("top-up", reserve("k", l, 1, 30, 100), grant{1, 100, 98_970})
+	expect("after the top-up", remaining("k", l), uint64(98_970))
 	// Holder 2 spent 12 and gives the rest back.
-	expect("give back", reserve("k", 1000, 2, 12, 0), grant{1, 0, 858})
-	expect("after giving back", remaining("k", 1000), uint64(858))
+	expect("give back", reserve("k", l, 2, 12, 0), grant{1, 0, 99_858})
+	expect("after giving back", remaining("k", l), uint64(99_858))
 	// Holder 1's block is never settled: at its exp (2V after the grant)
 	// it counts as spent in full, until a window has passed.
 	clock.Advance(2 * v)
-	expect("an unsettled block, spent in full", remaining("k", 1000), uint64(858))
-	expect("nothing of it to settle", reserve("k", 1000, 1, 0, 0), grant{0, 0, 858})
+	expect("an unsettled block, spent in full", remaining("k", l), uint64(99_858))
+	expect("nothing of it to settle", reserve("k", l, 1, 0, 0), grant{0, 0, 99_858})
 	clock.Advance(time.Second + 2*v)
-	expect("a window later", remaining("k", 1000), uint64(1000))
+	expect("a window later", remaining("k", l), uint64(l))
 
 	// A block noticed only a window after it ended is dropped uncounted.
-	expect("grant", reserve("late", 1000, 3, -1, 50), grant{0, 50, 950})
+	expect("grant", reserve("late", l, 3, -1, 50), grant{0, 50, 99_950})
 	clock.Advance(2 * time.Second)
-	expect("dropped", remaining("late", 1000), uint64(1000))
+	expect("dropped", remaining("late", l), uint64(l))
 
 	// Hits spent of a block Redis no longer holds (lost with its data)
 	// are recorded all the same.
-	expect("settling a lost block", reserve("lost", 1000, 4, 7, 0), grant{0, 0, 993})
+	expect("settling a lost block", reserve("lost", l, 4, 7, 0), grant{0, 0, l - 7})
 
-	// Small grants are not made: near its limit a key goes to Redis hit by hit.
-	expect("limit 20", reserve("small", 20, 5, -1, 100), grant{0, 0, 20})
+	// A key near its limit gets no block: 60,000 used leave 40,000, and
+	// a block of 1,000 stands for 50,000 a window.
+	if _, err := s.Do(ctx, []window.Request{{Key: "near", Spec: sp, Limit: l, Hits: 60_000}}); err != nil {
+		t.Fatal(err)
+	}
+	expect("near the limit", reserve("near", l, 5, -1, 1000), grant{0, 0, 40_000})
+	expect("far from it", reserve("near", l, 5, -1, 400), grant{0, 400, 39_600})
+	expect("a small limit", reserve("small", 20, 6, -1, 4), grant{0, 0, 20})
 	// At most eight blocks on one counter.
 	for h := range 8 {
 		if g := reserve("many", 1_000_000, float64(10+h), -1, 10); g.total != 10 {
@@ -268,16 +286,16 @@ func TestReserveScript(t *testing.T) {
 
 	// A request the blocks leave no room for is refused until the first
 	// of them must be settled.
-	expect("grant", reserve("room", 100, 6, -1, 100), grant{0, 12, 88})
-	res, err := s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: 100, Hits: 89}})
+	expect("grant", reserve("room", l, 7, -1, 1000), grant{0, 1000, 99_000})
+	res, err := s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: l, Hits: 99_001}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	expect("89 of 100 with 12 reserved", res[0].Allowed, false)
+	expect("99,001 with 1,000 reserved", res[0].Allowed, false)
 	expect("retry after", res[0].Reset, 2*v)
-	res, err = s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: 100, Hits: 88}})
+	res, err = s.Do(ctx, []window.Request{{Key: "room", Spec: sp, Limit: l, Hits: 99_000}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	expect("88 of 100 with 12 reserved", res[0].Allowed, true)
+	expect("99,000 with 1,000 reserved", res[0].Allowed, true)
 }

@@ -24,9 +24,12 @@ end
 -- hit spent from a block counts for at least a window from its own time,
 -- and no window admits more than the limit.
 
--- RES_SHARE: a grant takes at most 1/RES_SHARE of what the limit has left,
--- so blocks shrink to nothing as a counter approaches its limit; RES_MIN:
--- smaller grants are not made (the hits then go to Redis one by one).
+-- Blocks are only for keys far from their limit: a grant is made only if
+-- the demand it is sized for, over a window, from as many replicas as hold
+-- blocks, fits in what the limit has left; it takes at most 1/RES_SHARE of
+-- that, so blocks shrink to nothing as a counter approaches its limit; and
+-- grants under RES_MIN are not made. A key near its limit (or a burst that
+-- would reach it) goes to Redis hit by hit, as without blocks.
 local RES_SHARE, RES_MIN = 8, 4
 
 -- swExpire takes the reservations past their exp as used. After advance
@@ -137,8 +140,11 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity)
     rest = 0 -- given back
   end
   local room = limit - math.min(CP.estimate(st) + swReserved(st) + rest, limit)
+  -- Only a key far from its limit gets more: at the demand want stands
+  -- for (two validities' worth, on this replica), this replica and as
+  -- many as hold blocks would not use up the room within a window.
   local g = 0
-  if want > rest and (found or #st.res < RES_MAX) then
+  if want > rest and (found or #st.res < RES_MAX) and want * st.w / validity * (#st.res + 1) <= 2 * room then
     g = math.min(want - rest, idiv(room, RES_SHARE))
     if g < RES_MIN then
       g = 0
