@@ -182,6 +182,11 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 	if err := start("Leapgate, Redis", true, binary, append(runtimeEnv, redisEnv...)); err != nil {
 		return err
 	}
+	// The same binary with every request sent to Redis: what blocks of
+	// quota (REDIS_RESERVATION, docs/redis.md) save.
+	if err := start("Leapgate, Redis, no blocks", true, binary, append(runtimeEnv, append(redisEnv, "REDIS_RESERVATION=0")...)); err != nil {
+		return err
+	}
 	if candidate != "" {
 		if err := start("candidate, Redis", true, candidate, append(runtimeEnv, redisEnv...)); err != nil {
 			return err
@@ -235,8 +240,8 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 		runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	fmt.Fprintf(w, "%d concurrent callers over %d gRPC connection(s); %v measured per target and scenario after %v warm-up; %d interleaved rounds, medians shown. envoyproxy/ratelimit %s, default settings.\n\n",
 		cfg.concurrency, cfg.connections, cfg.duration, cfg.warmup, rounds, peerVersion)
-	fmt.Fprintln(w, "| scenario | target | req/s | share of ceiling | vs envoyproxy/ratelimit | p99 | service CPU per 1,000 requests | Redis CPU per 1,000 requests |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| scenario | target | req/s | share of ceiling | vs envoyproxy/ratelimit | p99 | service CPU per 1,000 requests | Redis CPU per 1,000 requests | Redis CPU vs envoyproxy/ratelimit |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	median := func(xs []float64) float64 {
 		slices.Sort(xs)
 		return xs[len(xs)/2]
@@ -251,19 +256,29 @@ func runCompare(cfg config, binary, candidate, peerVersion string, rounds int) e
 			med[t] = median(xs)
 		}
 		ceiling, peerRPS := med[0], med[len(med)-1]
+		redisCPU := func(t int) float64 {
+			var cpus []float64
+			for _, m := range rows[s][t] {
+				cpus = append(cpus, float64(m.cpuPer1k))
+			}
+			return median(cpus)
+		}
+		peerCPU := redisCPU(len(targets) - 1)
 		for t, tg := range targets {
-			var p99s, cpus, svcs []float64
+			var p99s, svcs []float64
 			for _, m := range rows[s][t] {
 				p99s = append(p99s, float64(m.p99))
-				cpus = append(cpus, float64(m.cpuPer1k))
 				svcs = append(svcs, float64(m.svcPer1k))
 			}
-			cpu := "-"
+			cpu, vsPeer := "-", "-"
 			if tg.redis {
-				cpu = round2(time.Duration(median(cpus))).String()
+				cpu = round2(time.Duration(redisCPU(t))).String()
+				if peerCPU > 0 {
+					vsPeer = fmt.Sprintf("%.2f", redisCPU(t)/peerCPU)
+				}
 			}
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.2f | %.2f | %v | %v | %s |\n", sc.name, tg.name, med[t], med[t]/ceiling, med[t]/peerRPS,
-				round2(time.Duration(median(p99s))), round2(time.Duration(median(svcs))), cpu)
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.2f | %.2f | %v | %v | %s | %s |\n", sc.name, tg.name, med[t], med[t]/ceiling, med[t]/peerRPS,
+				round2(time.Duration(median(p99s))), round2(time.Duration(median(svcs))), cpu, vsPeer)
 		}
 	}
 	return nil
