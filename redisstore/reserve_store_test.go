@@ -45,7 +45,8 @@ func check(t *testing.T, s *Store, req window.Request) window.Result {
 
 // TestBlocks covers what a replica does with its blocks: Undo gives a hit
 // back to the block, Close gives the blocks back to Redis, a changed limit
-// is not answered from a block taken under the old one, and a block keeps
+// is not answered from a block taken under the old one, nor is a key while
+// local-failure-mode hits are in its window, and a block keeps
 // answering through a Redis outage until its deadline, its hits recorded
 // once Redis is back (even though Redis lost the block).
 func TestBlocks(t *testing.T) {
@@ -107,6 +108,23 @@ func TestBlocks(t *testing.T) {
 		}
 		if res[0].Allowed || isBlockBucket(res[0].Bucket) {
 			t.Fatalf("a cut to 10 after 20 hits answered %+v", res[0])
+		}
+	})
+
+	t.Run("local hits", func(t *testing.T) {
+		// After an outage in local failure mode, Redis does not know the
+		// hits the local windows admitted (withLocalHits lowers the limits
+		// it is asked with): no block answers while they are in a window.
+		s := reservingStore(t, r.Addr(), time.Second, nil)
+		req := window.Request{Key: "local", Spec: sp, Limit: far, Hits: 1}
+		blockAnswer(t, s, req)
+		s.lastLocal.Store(int64(s.clock.Now()))
+		res, err := s.Do(ctx, []window.Request{req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isBlockBucket(res[0].Bucket) {
+			t.Fatal("a block answered while local-failure-mode hits were in the window")
 		}
 	})
 
