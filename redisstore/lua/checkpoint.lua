@@ -90,10 +90,16 @@ end
 -- byte of count and 28 bytes per reservation).
 local RES_MAX = 8
 
+-- NO_RES is the reservations of a counter that has none, shared (never
+-- added to: SlidingWindow.reserve makes a table of its own), so that the
+-- common case allocates nothing.
+local NO_RES = {}
+
 -- cpDecodeReservations reads the reservations at pos of v into st.res.
 local function cpDecodeReservations(st, v, pos)
   local r
   r, pos = struct.unpack('B', v, pos)
+  st.res = {}
   for i = 1, r do
     local holder, hits, useEnd, exp
     holder, hits, useEnd, exp, pos = struct.unpack('<dI4dd', v, pos)
@@ -114,7 +120,7 @@ end
 -- to be answered at now (us).
 function CP.decode(key, w, now)
   local st = {w = w, u = cpTick(w), now = now, newest = 0, quota = BLOCKS, open = 0, otick = 0,
-              head = 0, n = 0, ring = {}, res = {}}
+              head = 0, n = 0, ring = {}, res = NO_RES}
   local v = redis.call('GET', key)
   st.exists = v ~= false
   if v then

@@ -54,6 +54,9 @@ end
 
 -- swReserved is the hits the reservations hold.
 local function swReserved(st)
+  if #st.res == 0 then
+    return 0
+  end
   local o = 0
   for _, r in ipairs(st.res) do
     o = o + r.hits
@@ -152,6 +155,9 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity)
   end
   local total = rest + g
   if total > 0 then
+    if st.res == NO_RES then
+      st.res = {}
+    end
     st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + 2 * validity}
     st.dirty = true
   end
