@@ -1,0 +1,230 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// The calls for blocks of quota (see reserve.go): asking for a block,
+// topping it up and giving it back, sent off the request path by the
+// reserver's own goroutine, several per round trip.
+
+// run sends the queued calls, several per round trip, and sweeps the
+// table every eighth of the validity, until ctx is done.
+func (rv *reserver) run(ctx context.Context) {
+	tick := time.NewTicker(max(rv.validity/8, time.Millisecond))
+	defer tick.Stop()
+	keys := make([]string, 0, maxBatchCalls)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			rv.sweep(rv.s.clock.Now())
+			continue
+		case k := <-rv.queue:
+			keys = append(keys[:0], k)
+		}
+	drain:
+		for len(keys) < maxBatchCalls {
+			select {
+			case k := <-rv.queue:
+				keys = append(keys, k)
+			default:
+				break drain
+			}
+		}
+		rv.send(ctx, keys)
+	}
+}
+
+// sweep gives back the blocks idle for half their validity or past their
+// deadline, tops up the busy ones within an eighth of it, and forgets keys
+// idle for a few validities.
+func (rv *reserver) sweep(now time.Duration) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for key, b := range rv.keys {
+		if b.pending {
+			continue
+		}
+		v := rv.validity
+		if b.holder != 0 {
+			v = rv.validFor(b.spec)
+		}
+		switch {
+		case b.holder != 0 && (now-b.lastUse >= v/2 || now >= b.deadline):
+			rv.enqueue(key, b, true)
+		case b.holder != 0 && b.deadline-now < v/8:
+			rv.enqueue(key, b, false)
+		case b.holder == 0 && now-b.seen >= 4*v:
+			delete(rv.keys, key)
+		}
+	}
+}
+
+// reservation is one queued call as sent.
+type reservation struct {
+	key      string
+	b        *block
+	holder   float64
+	used     float64 // -1: a new block
+	want     uint64
+	giveBack bool
+	sent     time.Duration
+}
+
+// send asks Redis for every key's block in one job (one script call per
+// slot), and applies the answers.
+func (rv *reserver) send(ctx context.Context, keys []string) {
+	now := rv.s.clock.Now()
+	ops := make([]reservation, 0, len(keys))
+	rv.mu.Lock()
+	for _, k := range keys {
+		b := rv.keys[k]
+		if b == nil || !b.pending {
+			continue
+		}
+		op := reservation{key: k, b: b, holder: b.holder, used: float64(b.spent), giveBack: b.giveBack, sent: now}
+		if b.holder == 0 {
+			rv.seq++
+			op.holder, op.used = rv.base+float64(rv.seq%(1<<20)+1), -1
+		}
+		if !op.giveBack {
+			op.want = b.want(rv.validFor(b.spec), now)
+		}
+		b.spent = 0
+		b.demand, b.since = 0, now
+		ops = append(ops, op)
+	}
+	rv.mu.Unlock()
+	if len(ops) == 0 {
+		return
+	}
+
+	calls := make([]call, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		calls[i] = rv.s.reserveCall(op.key, op.b.spec, op.b.limit, op.holder, op.used, op.want, rv.validFor(op.b.spec))
+	}
+	err := rv.s.runReserve(ctx, calls)
+
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for i := range ops {
+		op, c := &ops[i], &calls[i]
+		b := op.b
+		b.pending, b.giveBack = false, false
+		if errors.Is(err, ErrUnavailable) {
+			// Not sent (Redis is down): the block stands as it was.
+			b.spent += uint64(max(op.used, 0))
+			continue
+		}
+		if err != nil || len(c.vals) != 5 {
+			// Unknown whether Redis settled it: spend no more, and give
+			// it back once Redis answers, with every hit spent since the
+			// last settling known to Redis (recording them twice, if this
+			// call did reach Redis, only costs capacity; Redis takes an
+			// unsettled block as spent in full at its exp anyway).
+			rv.s.metrics.reservations.WithLabelValues("failed").Inc()
+			if op.used < 0 {
+				b.holder = 0 // never granted, or orphaned: Redis's exp covers it
+			} else {
+				b.spent += uint64(op.used)
+			}
+			b.avail, b.deadline = 0, 0
+			continue
+		}
+		v := c.vals
+		found, total := v[0] == 1, uint64(v[1])
+		switch {
+		case op.giveBack || total == 0:
+			rv.s.metrics.reservations.WithLabelValues("returned").Inc()
+			b.holder, b.avail, b.spent = 0, 0, 0
+			b.retryAt = now + rv.validFor(b.spec)
+			continue
+		case found:
+			rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
+		default:
+			rv.s.metrics.reservations.WithLabelValues("granted").Inc()
+		}
+		if found {
+			// The block Redis holds covers the hits spent while the call
+			// was in flight: they are settled next time.
+			b.avail = total - min(b.spent, total)
+		} else {
+			// A new block; or Redis took the old one as spent in full,
+			// which covers the hits spent in flight.
+			b.avail, b.spent = total, 0
+		}
+		b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
+		b.deadline = op.sent + rv.validFor(b.spec)
+		b.lastUse = max(b.lastUse, op.sent)
+	}
+}
+
+// close gives back every block held, before the Store closes: it stops
+// asking for blocks, waits (up to the Store's timeout) for the calls in
+// flight, then gives back what is held, in as few jobs as it can.
+func (rv *reserver) close(ctx context.Context) {
+	rv.closing.Store(true)
+	for wait := time.Now().Add(rv.s.timeout); time.Now().Before(wait); time.Sleep(time.Millisecond) {
+		rv.mu.Lock()
+		pending := false
+		for _, b := range rv.keys {
+			pending = pending || b.pending
+		}
+		rv.mu.Unlock()
+		if !pending {
+			break
+		}
+	}
+	var keys []string
+	rv.mu.Lock()
+	for k, b := range rv.keys {
+		if b.holder != 0 && !b.pending {
+			b.pending, b.giveBack = true, true
+			keys = append(keys, k)
+		}
+	}
+	rv.mu.Unlock()
+	for len(keys) > 0 {
+		n := min(len(keys), maxBatchCalls)
+		rv.send(ctx, keys[:n])
+		keys = keys[n:]
+	}
+}
+
+// reserveCall is the allow-script group of one reservation of key (a
+// counter key) on a sliding window of spec and limit: see
+// SlidingWindow.reserve in lua/sliding_window.lua.
+func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, want uint64, validity time.Duration) call {
+	req := window.Request{Spec: spec, Limit: limit}
+	packed := packArgs(nil, &req)
+	packed[len(packed)-1] |= 4
+	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond)} {
+		packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
+	}
+	c := call{keys: []string{key}, args: []any{1, "0", packed}}
+	if s.cluster {
+		c.slot = keySlot(key)
+	}
+	return c
+}
+
+// runReserve sends calls (reserveCall's) in one job, bounded by the
+// Store's timeout; each call's vals then holds its 5 integers.
+func (s *Store) runReserve(ctx context.Context, calls []call) error {
+	if s.state.Load() == stateDown {
+		return ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	_, err := s.timed(ctx, "reserve", &job{script: allowScript, calls: calls, merged: true, now: s.nowArg()})
+	return err
+}
