@@ -132,21 +132,20 @@ func (rv *reserver) eligible(r *window.Request, now time.Duration) bool {
 	return last == 0 || now-time.Duration(last) >= r.Spec.Length()
 }
 
-// take answers reqs from this replica's blocks, all or none: it reports
-// false (and spends nothing) unless every request is eligible and its
-// key's block has room for it before its deadline.
-func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration) ([]window.Result, bool) {
+// take answers reqs from this replica's blocks into results, all or none:
+// it reports false (and spends nothing) unless every request is eligible
+// and its key's block has room for it before its deadline.
+func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration, results []window.Result) bool {
 	rv.mu.Lock()
 	defer rv.mu.Unlock()
 	for i := range reqs {
 		r := &reqs[i]
 		b := rv.keys[keys[i]]
 		if b == nil || !rv.eligible(r, now) || !b.spendable(r, now) {
-			return nil, false
+			return false
 		}
 	}
 	// Spend, checking the room that earlier requests of the batch left.
-	results := make([]window.Result, len(reqs))
 	for i := range reqs {
 		r, b := &reqs[i], rv.keys[keys[i]]
 		if need(r.Hits) > b.avail {
@@ -154,7 +153,7 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 				rv.keys[keys[j]].avail += reqs[j].Hits
 				rv.keys[keys[j]].spent -= reqs[j].Hits
 			}
-			return nil, false
+			return false
 		}
 		b.avail -= r.Hits
 		b.spent += r.Hits
@@ -176,7 +175,7 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 			rv.enqueue(keys[i], b, false)
 		}
 	}
-	return results, true
+	return true
 }
 
 // spendable reports whether b may answer r at now (room is checked by

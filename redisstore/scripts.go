@@ -178,14 +178,17 @@ next:
 }
 
 // allow runs the admission script for reqs[send], writing results, in one
-// round trip. The one exception is a Cluster batch spanning several slots
-// with both a Veto request and a refund: refunds must not apply if a Veto
-// in another slot refuses, so they are checked in the first round trip and
+// round trip (keys, if not nil, are the requests' counter keys, already
+// built). The one exception is a Cluster batch spanning several slots with
+// both a Veto request and a refund: refunds must not apply if a Veto in
+// another slot refuses, so they are checked in the first round trip and
 // applied in a second one only if nothing was vetoed.
-func (s *Store) allow(ctx context.Context, reqs []window.Request, results []window.Result, send []int, dry bool) error {
-	keys := make([]string, len(reqs))
-	for _, i := range send {
-		keys[i] = s.counterKey(&reqs[i])
+func (s *Store) allow(ctx context.Context, reqs []window.Request, results []window.Result, keys []string, send []int, dry bool) error {
+	if keys == nil {
+		keys = make([]string, len(reqs))
+		for _, i := range send {
+			keys[i] = s.counterKey(&reqs[i])
+		}
 	}
 	gs := s.groups(keys, send)
 	var refunds []int

@@ -218,9 +218,9 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		for i := range reqs {
 			keys[i] = s.counterKey(&reqs[i])
 		}
-		if res, ok := s.res.take(reqs, keys, now); ok {
+		if s.res.take(reqs, keys, now, results) {
 			s.metrics.blockAnswers.Add(float64(len(reqs)))
-			return res, nil
+			return results, nil
 		}
 	}
 
@@ -277,7 +277,7 @@ func (s *Store) Do(ctx context.Context, reqs []window.Request) ([]window.Result,
 		sent, localReset, lerr := s.withLocalHits(rctx, reqs, send)
 		err = lerr
 		if err == nil {
-			err = s.allow(rctx, sent, results, send, dry)
+			err = s.allow(rctx, sent, results, keys, send, dry)
 		}
 		if err == nil && localReset != nil {
 			for _, i := range send {
