@@ -18,7 +18,7 @@ SOAK ?= 3m
 # staticcheck's version for `make lint` (installed with go install when missing).
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: run test check lint bench figures soak check-config accuracy loadtest compare mutate rlqs-sim
+.PHONY: run test check lint bench figures soak check-config accuracy loadtest compare mutate mutate-changed rlqs-sim
 
 run:
 	EXAMPLE_RULES=true $(GO) run ./cmd/ratelimit
@@ -84,6 +84,11 @@ compare:
 # of `make test`. MUTATE_PKGS="./window" limits it.
 mutate:
 	GO=$(GO) scripts/mutate.sh
+
+# Mutation testing of only the packages changed since origin/main (or the
+# commit before HEAD; MUTATE_BASE=<rev> to choose).
+mutate-changed:
+	MUTATE_CHANGED=1 GO=$(GO) scripts/mutate.sh
 
 # Validate a rule directory: make check-config DIR=path/to/rules
 check-config:

@@ -8,6 +8,9 @@
 #
 #   make mutate                       # every package below
 #   MUTATE_PKGS="./window" make mutate
+#   make mutate-changed               # only the packages a change touched
+#
+# Each package's scores replace its row in docs/development.md's table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,13 +26,61 @@ if ! command -v gremlins >/dev/null; then
 	"$GO" install "github.com/go-gremlins/gremlins/cmd/gremlins@$GREMLINS_VERSION"
 fi
 
-PKGS=${MUTATE_PKGS:-"./window ./descriptors ./service ./breaker ./redisstore"}
+# Every package whose behaviour the tests must defend (docs/development.md).
+ALL_PKGS="./window ./descriptors ./breaker ./service ./redisstore ./observe ./config ./xds"
+PKGS=${MUTATE_PKGS:-$ALL_PKGS}
+# MUTATE_CHANGED=1 (make mutate-changed): only those of them that the
+# change since MUTATE_BASE touched (default origin/main if it exists, else
+# the commit before HEAD), working tree included.
+if [ "${MUTATE_CHANGED:-}" = 1 ]; then
+	base=${MUTATE_BASE:-}
+	if [ -z "$base" ]; then
+		base=$(git rev-parse -q --verify origin/main || git rev-parse HEAD~1)
+	fi
+	changed=$(git diff --name-only "$base" -- '*.go' | xargs -r -n1 dirname | sort -u)
+	PKGS=""
+	for pkg in $ALL_PKGS; do
+		if grep -qx "${pkg#./}" <<<"$changed"; then
+			PKGS="$PKGS $pkg"
+		fi
+	done
+	if [ -z "$PKGS" ]; then
+		echo "mutate.sh: no package of '$ALL_PKGS' changed since $base" >&2
+		exit 0
+	fi
+	echo "mutate.sh: packages changed since $base:$PKGS" >&2
+fi
+
+# record writes pkg's scores into the table of docs/development.md
+# (between its mutate-table markers), replacing the package's row or
+# adding it, with the date, the commit and the gremlins version.
+DOC=docs/development.md
+record() {
+	local pkg=$1 out=$2
+	num() { grep -oE "$1: [0-9.]+" <<<"$out" | head -1 | grep -oE '[0-9.]+$' || echo "?"; }
+	local row
+	row=$(printf '| `%s` | %s | %s | %s | %s | %s%% | %s%% | %s, %s, gremlins %s |' "${pkg#./}" \
+		"$(num Killed)" "$(num Lived)" "$(num 'Timed out')" "$(num 'Not covered')" \
+		"$(num 'Test efficacy')" "$(num 'Mutator coverage')" \
+		"$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo '+changes')" "$GREMLINS_VERSION")
+	awk -v pkg="| \`${pkg#./}\` |" -v row="$row" '
+		/<!-- mutate-table -->/ { inside = 1 }
+		inside && index($0, pkg) == 1 { print row; done = 1; next }
+		inside && /<!-- \/mutate-table -->/ { if (!done) print row; inside = 0 }
+		{ print }
+	' "$DOC" >"$DOC.tmp" && mv "$DOC.tmp" "$DOC"
+}
+
 # The Redis tests start redis-server; scripts/test.sh installs it.
 summary=()
 for pkg in $PKGS; do
 	echo "== gremlins unleash $pkg" >&2
+	start=$(date +%s)
 	out=$(gremlins unleash --workers 1 --timeout-coefficient 20 --exclude-files '_test\.go$' "$pkg" 2>&1 | tee -a /dev/stderr)
-	summary+=("$pkg: $(grep -E 'Test efficacy|Mutator coverage|Killed:|Timed out:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
+	summary+=("$pkg ($(($(date +%s) - start)) s): $(grep -E 'Test efficacy|Mutator coverage|Killed:|Timed out:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
+	if grep -q 'Test efficacy' <<<"$out"; then
+		record "$pkg" "$out"
+	fi
 done
-echo "== mutation scores" >&2
+echo "== mutation scores (written to $DOC)" >&2
 printf '%s\n' "${summary[@]}"
