@@ -62,7 +62,7 @@ record() {
 	row=$(printf '| `%s` | %s | %s | %s | %s | %s%% | %s%% | %s, %s, gremlins %s |' "${pkg#./}" \
 		"$(num Killed)" "$(num Lived)" "$(num 'Timed out')" "$(num 'Not covered')" \
 		"$(num 'Test efficacy')" "$(num 'Mutator coverage')" \
-		"$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo '+changes')" "$GREMLINS_VERSION")
+		"$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- "*.go" || echo "+changes")" "$GREMLINS_VERSION")
 	awk -v pkg="| \`${pkg#./}\` |" -v row="$row" '
 		/<!-- mutate-table -->/ { inside = 1 }
 		inside && index($0, pkg) == 1 { print row; done = 1; next }
