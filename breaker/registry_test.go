@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -405,11 +407,21 @@ func TestAllowTargetsTakesNoProbeWhenAnotherIsOpen(t *testing.T) {
 	if st := ts[1].Breaker().AdvanceAt(clock.Now()); st != HalfOpen {
 		t.Fatalf("route breaker %v", st)
 	}
-	if ok, _, _ := r.AllowTargets(ts); ok {
+	ok, wait, _ := r.AllowTargets(ts)
+	if ok {
 		t.Fatal("allowed while one breaker is open")
+	}
+	if want := ts[0].Breaker().StatsAt(clock.Now()).RetryAfter; wait != want || wait <= 0 {
+		t.Errorf("retry after %v, want the open breaker's %v", wait, want)
 	}
 	if st := ts[1].Breaker().StatsAt(clock.Now()); st.ProbesAdmitted != 0 {
 		t.Errorf("half-open breaker gave a probe for a refused request: %+v", st)
+	}
+	// Once the open one is half-open too, the request is a probe of both.
+	clock.Advance(wait)
+	ok, wait, probes := r.AllowTargets(ts)
+	if !ok || wait != 0 || len(probes) != 2 {
+		t.Fatalf("both half-open: allowed %v, retry after %v, probes %v; want allowed, 0, a probe of each", ok, wait, probes)
 	}
 }
 
@@ -648,4 +660,39 @@ func snapshotOf(t *testing.T, r *Registry, rule, resource string) Snapshot {
 	}
 	t.Fatalf("no breaker %s %q", rule, resource)
 	return Snapshot{}
+}
+
+// TestSnapshotOrderAndEmptyFields: Snapshot lists breakers by rule, then
+// resource; a breaker without max_response_time leaves it out, and one
+// with nothing in its window has a ratio of 0.
+func TestSnapshotOrderAndEmptyFields(t *testing.T) {
+	r, clock, _ := newTestRegistry(t, rulesYAML, Options{})
+	for _, c := range []string{"zeta", "alpha", "orders"} {
+		r.Observe(Observation{Cluster: c, Status: 500})
+	}
+	r.Observe(Observation{Cluster: "orders", Status: 200}) // 1 of 2 failed
+	r.Observe(Observation{Route: "checkout", Cluster: "backend", ResponseTime: time.Second})
+	want := []string{
+		"breaker.destination_cluster/destination_cluster=alpha",
+		"breaker.destination_cluster/destination_cluster=backend",
+		"breaker.destination_cluster/destination_cluster=zeta",
+		"breaker.destination_cluster_orders/",
+		"breaker.route_checkout.destination_cluster_backend/",
+	}
+	for _, later := range []time.Duration{0, time.Hour} { // then with empty windows
+		clock.Advance(later)
+		var got []string
+		for _, s := range r.Snapshot() {
+			got = append(got, s.Rule+"/"+s.Resource)
+			if math.IsNaN(s.Ratio) || s.Total == 0 && s.Ratio != 0 || s.Total > 0 && s.Ratio != float64(s.Failed)/float64(s.Total) {
+				t.Errorf("%s/%s: ratio %v with %d of %d failed", s.Rule, s.Resource, s.Ratio, s.Failed, s.Total)
+			}
+			if wantMRT := s.Strategy == "slow_request_ratio"; (s.MaxResponseTime != "") != wantMRT {
+				t.Errorf("%s/%s (%s): max_response_time %q", s.Rule, s.Resource, s.Strategy, s.MaxResponseTime)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("snapshot order %v, want %v", got, want)
+		}
+	}
 }
