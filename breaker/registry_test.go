@@ -696,3 +696,43 @@ func TestSnapshotOrderAndEmptyFields(t *testing.T) {
 		}
 	}
 }
+
+// TestStateSeriesCap: a detailed_metric rule exports the state of its
+// first MaxStateSeriesPerRule breakers and no more (100 when unset).
+func TestStateSeriesCap(t *testing.T) {
+	const yaml = `
+domain: d
+descriptors:
+  - key: destination_cluster
+    detailed_metric: true
+    circuit_breaker: {strategy: error_count, threshold: 1}
+`
+	series := func(opts Options, clusters ...string) int {
+		t.Helper()
+		reg := prometheus.NewRegistry()
+		opts.Metrics = reg
+		r, _, _ := newTestRegistry(t, yaml, opts)
+		for _, c := range clusters {
+			r.Observe(Observation{Cluster: c, Status: 200})
+		}
+		n, err := testutil.GatherAndCount(reg, "leapgate_breaker_state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := series(Options{MaxStateSeriesPerRule: 2}, "a", "b", "c"); n != 2 {
+		t.Errorf("3 breakers under a cap of 2: %d state series, want 2", n)
+	}
+	if n := series(Options{}, "a", "b", "c"); n != 3 {
+		t.Errorf("3 breakers under the default cap: %d state series, want 3", n)
+	}
+}
+
+func TestOverrideString(t *testing.T) {
+	for o, want := range map[Override]string{Auto: "auto", ForceOpen: "force_open", ForceClosed: "force_closed", Disabled: "disabled", Disabled + 1: fmt.Sprintf("Override(%d)", Disabled+1)} {
+		if got := o.String(); got != want {
+			t.Errorf("Override(%d).String() = %q, want %q", o, got, want)
+		}
+	}
+}
