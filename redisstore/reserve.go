@@ -3,7 +3,9 @@ package redisstore
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,21 +57,40 @@ const reservationShares = 32
 type reserver struct {
 	s        *Store
 	validity time.Duration
-	maxKeys  int
+	maxKeys  int // per shard
 	// base numbers this replica's blocks: base + a sequence, each block its
 	// own holder in Redis (an orphaned block never meets a later one).
 	base float64
-	seq  uint64
+	seq  atomic.Uint64
 
 	// closing stops new calls once the Store closes (see close).
 	closing atomic.Bool
 
-	mu   sync.Mutex
-	keys map[string]*block
+	// shards hold the blocks by counter key, each under its own lock, so
+	// that a sweep holds up one shard's requests at a time.
+	seed   maphash.Seed
+	shards [reserveShards]shard
 	// queue carries the keys whose block is to be asked for, topped up or
 	// given back (each at most once: block.pending).
 	queue chan string
 }
+
+// reserveShards is the number of shards of a reserver's table.
+const reserveShards = 64
+
+// shard is one part of a reserver's table.
+type shard struct {
+	mu   sync.Mutex
+	keys map[string]*block
+}
+
+// shardIndex is the index of key's shard.
+func (rv *reserver) shardIndex(key string) int {
+	return int(maphash.String(rv.seed, key) % reserveShards)
+}
+
+// shard returns key's shard.
+func (rv *reserver) shard(key string) *shard { return &rv.shards[rv.shardIndex(key)] }
 
 // block is this replica's reservation on one counter, and the demand that
 // sizes it.
@@ -108,12 +129,16 @@ func newReserver(s *Store, validity time.Duration, maxKeys int) *reserver {
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return &reserver{
-		s: s, validity: validity, maxKeys: maxKeys,
+	rv := &reserver{
+		s: s, validity: validity, maxKeys: max(maxKeys/reserveShards, 1),
 		base:  float64(binary.LittleEndian.Uint32(b[:])) * (1 << 20),
-		keys:  map[string]*block{},
+		seed:  maphash.MakeSeed(),
 		queue: make(chan string, 4*maxBatchCalls),
 	}
+	for i := range rv.shards {
+		rv.shards[i].keys = map[string]*block{}
+	}
+	return rv
 }
 
 // validFor is the validity of blocks of a counter of spec.
@@ -136,22 +161,38 @@ func (rv *reserver) eligible(r *window.Request, now time.Duration) bool {
 // it reports false (and spends nothing) unless every request is eligible
 // and its key's block has room for it before its deadline.
 func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration, results []window.Result) bool {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
+	// Lock every shard the batch touches, in order.
+	var held [8]int
+	locked := held[:0]
+	for _, k := range keys {
+		if i := rv.shardIndex(k); !slices.Contains(locked, i) {
+			locked = append(locked, i)
+		}
+	}
+	slices.Sort(locked)
+	for _, i := range locked {
+		rv.shards[i].mu.Lock()
+	}
+	defer func() {
+		for _, i := range locked {
+			rv.shards[i].mu.Unlock()
+		}
+	}()
+	blocks := make([]*block, len(reqs))
 	for i := range reqs {
-		r := &reqs[i]
-		b := rv.keys[keys[i]]
+		r, b := &reqs[i], rv.shard(keys[i]).keys[keys[i]]
 		if b == nil || !rv.eligible(r, now) || !b.spendable(r, now) {
 			return false
 		}
+		blocks[i] = b
 	}
 	// Spend, checking the room that earlier requests of the batch left.
 	for i := range reqs {
-		r, b := &reqs[i], rv.keys[keys[i]]
+		r, b := &reqs[i], blocks[i]
 		if need(r.Hits) > b.avail {
 			for j := range i {
-				rv.keys[keys[j]].avail += reqs[j].Hits
-				rv.keys[keys[j]].spent -= reqs[j].Hits
+				blocks[j].avail += reqs[j].Hits
+				blocks[j].spent -= reqs[j].Hits
 			}
 			return false
 		}
@@ -159,7 +200,7 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 		b.spent += r.Hits
 	}
 	for i := range reqs {
-		r, b := &reqs[i], rv.keys[keys[i]]
+		r, b := &reqs[i], blocks[i]
 		b.lastUse = now
 		b.demand += r.Hits
 		results[i] = window.Result{
@@ -209,47 +250,49 @@ const resMin = 4
 // a key asked for twice within the validity, with room for a block, gets
 // one, and a held block that could not answer is topped up.
 func (rv *reserver) sawRemote(reqs []window.Request, results []window.Result, keys []string, idx []int, now time.Duration) {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
 	for _, i := range idx {
-		r := &reqs[i]
-		if !rv.eligible(r, now) {
-			continue
-		}
-		b := rv.keys[keys[i]]
-		if b == nil {
-			if len(rv.keys) >= rv.maxKeys {
-				continue
-			}
-			b = &block{since: now, seen: now}
-			rv.keys[keys[i]] = b
-			b.demand += r.Hits
-			continue
-		}
-		b.demand += r.Hits
-		busy := now-b.seen < rv.validFor(r.Spec)
-		b.seen = now
-		if b.holder != 0 {
-			// Redis's answer is fresher: it excludes the whole block,
-			// which the block's own answers add back.
-			b.remaining = results[i].Remaining
-		}
-		switch {
-		case b.pending:
-		case b.holder != 0:
-			if !b.spendable(r, now) || b.avail < need(r.Hits) {
-				b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
-				rv.enqueue(keys[i], b, false)
-			}
-		case busy && now >= b.retryAt && farFromLimit(results[i].Remaining, b.want(rv.validFor(r.Spec), now), r.Spec.Length(), rv.validFor(r.Spec)):
-			b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
-			rv.enqueue(keys[i], b, false)
+		if r := &reqs[i]; rv.eligible(r, now) {
+			sh := rv.shard(keys[i])
+			sh.mu.Lock()
+			rv.sawOne(sh, r, &results[i], keys[i], now)
+			sh.mu.Unlock()
 		}
 	}
 }
 
+// sawOne is sawRemote for one request r and its result res; sh, key's
+// shard, is locked.
+func (rv *reserver) sawOne(sh *shard, r *window.Request, res *window.Result, key string, now time.Duration) {
+	b := sh.keys[key]
+	if b == nil {
+		if len(sh.keys) < rv.maxKeys {
+			sh.keys[key] = &block{since: now, seen: now, demand: r.Hits}
+		}
+		return
+	}
+	b.demand += r.Hits
+	busy := now-b.seen < rv.validFor(r.Spec)
+	b.seen = now
+	if b.holder != 0 {
+		// Redis's answer is fresher: it excludes the whole block, which
+		// the block's own answers add back.
+		b.remaining = res.Remaining
+	}
+	switch {
+	case b.pending:
+	case b.holder != 0:
+		if !b.spendable(r, now) || b.avail < need(r.Hits) {
+			b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
+			rv.enqueue(key, b, false)
+		}
+	case busy && now >= b.retryAt && farFromLimit(res.Remaining, b.want(rv.validFor(r.Spec), now), r.Spec.Length(), rv.validFor(r.Spec)):
+		b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
+		rv.enqueue(key, b, false)
+	}
+}
+
 // enqueue queues a call for key's block: a top-up, or with giveBack its
-// return. rv.mu is held.
+// return. Its shard's lock is held.
 func (rv *reserver) enqueue(key string, b *block, giveBack bool) {
 	if rv.closing.Load() {
 		return
@@ -274,9 +317,10 @@ func isBlockBucket(bucket int64) bool { return bucket > 0 && bucket%timeBucket =
 // they stay counted (they were, or will be, settled as spent: taking them
 // from Redis's counter could take another replica's newer hits instead).
 func (rv *reserver) undo(key string, r *window.Request, res *window.Result) {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	b := rv.keys[key]
+	sh := rv.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	b := sh.keys[key]
 	if b == nil || b.holder == 0 || b.pending || res.Bucket != blockBucket(b.grantedAt) || b.spent < r.Hits {
 		return
 	}

@@ -47,24 +47,27 @@ func (rv *reserver) run(ctx context.Context) {
 // deadline, tops up the busy ones within an eighth of it, and forgets keys
 // idle for a few validities.
 func (rv *reserver) sweep(now time.Duration) {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	for key, b := range rv.keys {
-		if b.pending {
-			continue
+	for i := range rv.shards {
+		sh := &rv.shards[i]
+		sh.mu.Lock()
+		for key, b := range sh.keys {
+			if b.pending {
+				continue
+			}
+			v := rv.validity
+			if b.holder != 0 {
+				v = rv.validFor(b.spec)
+			}
+			switch {
+			case b.holder != 0 && (now-b.lastUse >= v/2 || now >= b.deadline):
+				rv.enqueue(key, b, true)
+			case b.holder != 0 && b.deadline-now < v/8:
+				rv.enqueue(key, b, false)
+			case b.holder == 0 && now-b.seen >= 4*v:
+				delete(sh.keys, key)
+			}
 		}
-		v := rv.validity
-		if b.holder != 0 {
-			v = rv.validFor(b.spec)
-		}
-		switch {
-		case b.holder != 0 && (now-b.lastUse >= v/2 || now >= b.deadline):
-			rv.enqueue(key, b, true)
-		case b.holder != 0 && b.deadline-now < v/8:
-			rv.enqueue(key, b, false)
-		case b.holder == 0 && now-b.seen >= 4*v:
-			delete(rv.keys, key)
-		}
+		sh.mu.Unlock()
 	}
 }
 
@@ -84,88 +87,91 @@ type reservation struct {
 func (rv *reserver) send(ctx context.Context, keys []string) {
 	now := rv.s.clock.Now()
 	ops := make([]reservation, 0, len(keys))
-	rv.mu.Lock()
+	calls := make([]call, 0, len(keys))
 	for _, k := range keys {
-		b := rv.keys[k]
+		sh := rv.shard(k)
+		sh.mu.Lock()
+		b := sh.keys[k]
 		if b == nil || !b.pending {
+			sh.mu.Unlock()
 			continue
 		}
 		op := reservation{key: k, b: b, holder: b.holder, used: float64(b.spent), giveBack: b.giveBack, sent: now}
 		if b.holder == 0 {
-			rv.seq++
-			op.holder, op.used = rv.base+float64(rv.seq%(1<<20)+1), -1
+			op.holder, op.used = rv.base+float64(rv.seq.Add(1)%(1<<20)+1), -1
 		}
+		v := rv.validFor(b.spec)
 		if !op.giveBack {
-			op.want = b.want(rv.validFor(b.spec), now)
+			op.want = b.want(v, now)
 		}
 		b.spent = 0
 		b.demand, b.since = 0, now
 		ops = append(ops, op)
+		calls = append(calls, rv.s.reserveCall(k, b.spec, b.limit, op.holder, op.used, op.want, v))
+		sh.mu.Unlock()
 	}
-	rv.mu.Unlock()
 	if len(ops) == 0 {
 		return
 	}
-
-	calls := make([]call, len(ops))
-	for i := range ops {
-		op := &ops[i]
-		calls[i] = rv.s.reserveCall(op.key, op.b.spec, op.b.limit, op.holder, op.used, op.want, rv.validFor(op.b.spec))
-	}
 	err := rv.s.runReserve(ctx, calls)
-
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
 	for i := range ops {
-		op, c := &ops[i], &calls[i]
-		b := op.b
-		b.pending, b.giveBack = false, false
-		if errors.Is(err, ErrUnavailable) {
-			// Not sent (Redis is down): the block stands as it was.
-			b.spent += uint64(max(op.used, 0))
-			continue
-		}
-		if err != nil || len(c.vals) != 5 {
-			// Unknown whether Redis settled it: spend no more, and give
-			// it back once Redis answers, with every hit spent since the
-			// last settling known to Redis (recording them twice, if this
-			// call did reach Redis, only costs capacity; Redis takes an
-			// unsettled block as spent in full at its exp anyway).
-			rv.s.metrics.reservations.WithLabelValues("failed").Inc()
-			if op.used < 0 {
-				b.holder = 0 // never granted, or orphaned: Redis's exp covers it
-			} else {
-				b.spent += uint64(op.used)
-			}
-			b.avail, b.deadline = 0, 0
-			continue
-		}
-		v := c.vals
-		found, total := v[0] == 1, uint64(v[1])
-		switch {
-		case op.giveBack || total == 0:
-			rv.s.metrics.reservations.WithLabelValues("returned").Inc()
-			b.holder, b.avail, b.spent = 0, 0, 0
-			b.retryAt = now + rv.validFor(b.spec)
-			continue
-		case found:
-			rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
-		default:
-			rv.s.metrics.reservations.WithLabelValues("granted").Inc()
-		}
-		if found {
-			// The block Redis holds covers the hits spent while the call
-			// was in flight: they are settled next time.
-			b.avail = total - min(b.spent, total)
-		} else {
-			// A new block; or Redis took the old one as spent in full,
-			// which covers the hits spent in flight.
-			b.avail, b.spent = total, 0
-		}
-		b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
-		b.deadline = op.sent + rv.validFor(b.spec)
-		b.lastUse = max(b.lastUse, op.sent)
+		sh := rv.shard(ops[i].key)
+		sh.mu.Lock()
+		rv.apply(&ops[i], &calls[i], err, now)
+		sh.mu.Unlock()
 	}
+}
+
+// apply applies the answer c (or err) to op, its block's shard locked;
+// now is when the calls were sent.
+func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration) {
+	b := op.b
+	b.pending, b.giveBack = false, false
+	if errors.Is(err, ErrUnavailable) {
+		// Not sent (Redis is down): the block stands as it was.
+		b.spent += uint64(max(op.used, 0))
+		return
+	}
+	if err != nil || len(c.vals) != 5 {
+		// Unknown whether Redis settled it: spend no more, and give
+		// it back once Redis answers, with every hit spent since the
+		// last settling known to Redis (recording them twice, if this
+		// call did reach Redis, only costs capacity; Redis takes an
+		// unsettled block as spent in full at its exp anyway).
+		rv.s.metrics.reservations.WithLabelValues("failed").Inc()
+		if op.used < 0 {
+			b.holder = 0 // never granted, or orphaned: Redis's exp covers it
+		} else {
+			b.spent += uint64(op.used)
+		}
+		b.avail, b.deadline = 0, 0
+		return
+	}
+	v := c.vals
+	found, total := v[0] == 1, uint64(v[1])
+	switch {
+	case op.giveBack || total == 0:
+		rv.s.metrics.reservations.WithLabelValues("returned").Inc()
+		b.holder, b.avail, b.spent = 0, 0, 0
+		b.retryAt = now + rv.validFor(b.spec)
+		return
+	case found:
+		rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
+	default:
+		rv.s.metrics.reservations.WithLabelValues("granted").Inc()
+	}
+	if found {
+		// The block Redis holds covers the hits spent while the call
+		// was in flight: they are settled next time.
+		b.avail = total - min(b.spent, total)
+	} else {
+		// A new block; or Redis took the old one as spent in full,
+		// which covers the hits spent in flight.
+		b.avail, b.spent = total, 0
+	}
+	b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
+	b.deadline = op.sent + rv.validFor(b.spec)
+	b.lastUse = max(b.lastUse, op.sent)
 }
 
 // close gives back every block held, before the Store closes: it stops
@@ -173,26 +179,35 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 // flight, then gives back what is held, in as few jobs as it can.
 func (rv *reserver) close(ctx context.Context) {
 	rv.closing.Store(true)
-	for wait := time.Now().Add(rv.s.timeout); time.Now().Before(wait); time.Sleep(time.Millisecond) {
-		rv.mu.Lock()
-		pending := false
-		for _, b := range rv.keys {
-			pending = pending || b.pending
+	pending := func() bool {
+		for i := range rv.shards {
+			sh := &rv.shards[i]
+			sh.mu.Lock()
+			for _, b := range sh.keys {
+				if b.pending {
+					sh.mu.Unlock()
+					return true
+				}
+			}
+			sh.mu.Unlock()
 		}
-		rv.mu.Unlock()
-		if !pending {
-			break
-		}
+		return false
+	}
+	for wait := time.Now().Add(rv.s.timeout); pending() && time.Now().Before(wait); {
+		time.Sleep(time.Millisecond)
 	}
 	var keys []string
-	rv.mu.Lock()
-	for k, b := range rv.keys {
-		if b.holder != 0 && !b.pending {
-			b.pending, b.giveBack = true, true
-			keys = append(keys, k)
+	for i := range rv.shards {
+		sh := &rv.shards[i]
+		sh.mu.Lock()
+		for k, b := range sh.keys {
+			if b.holder != 0 && !b.pending {
+				b.pending, b.giveBack = true, true
+				keys = append(keys, k)
+			}
 		}
+		sh.mu.Unlock()
 	}
-	rv.mu.Unlock()
 	for len(keys) > 0 {
 		n := min(len(keys), maxBatchCalls)
 		rv.send(ctx, keys[:n])
