@@ -178,13 +178,13 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 			rv.shards[i].mu.Unlock()
 		}
 	}()
-	blocks := make([]*block, len(reqs))
+	blocks := make([]*block, 0, 8) // on the stack for batches of up to 8
 	for i := range reqs {
 		r, b := &reqs[i], rv.shard(keys[i]).keys[keys[i]]
 		if b == nil || !rv.eligible(r, now) || !b.spendable(r, now) {
 			return false
 		}
-		blocks[i] = b
+		blocks = append(blocks, b)
 	}
 	// Spend, checking the room that earlier requests of the batch left.
 	for i := range reqs {
