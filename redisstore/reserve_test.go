@@ -19,7 +19,12 @@ import (
 // reservingStore is a Store on r that takes blocks valid for validity.
 func reservingStore(t *testing.T, addr string, validity time.Duration, reg prometheus.Registerer) *Store {
 	t.Helper()
-	st := settingsFor(addr)
+	return reservingStoreOn(t, settingsFor(addr), validity, reg)
+}
+
+// reservingStoreOn is reservingStore on the Redis of settings st.
+func reservingStoreOn(t *testing.T, st Options, validity time.Duration, reg prometheus.Registerer) *Store {
+	t.Helper()
 	st.Reservation = validity
 	s := newTestStore(t, st, Options{Registry: reg})
 	waitHealthy(t, s)
@@ -28,13 +33,25 @@ func reservingStore(t *testing.T, addr string, validity time.Duration, reg prome
 
 // TestBlocksCountEveryHit: two replicas that answer most requests of a key
 // far from its limit from blocks; once they have given their blocks back
-// (Close), Redis counts every hit they admitted, no more and no less.
+// (Close), Redis counts every hit they admitted, no more and no less. On
+// one node and on a Cluster.
 func TestBlocksCountEveryHit(t *testing.T) {
-	r := redistest.Start(t)
+	t.Run("single", func(t *testing.T) {
+		r := redistest.Start(t)
+		blocksCountEveryHit(t, settingsFor(r.Addr()))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		st := settingsFor("")
+		st.Topology, st.Addrs = Cluster, startCluster(t)
+		blocksCountEveryHit(t, st)
+	})
+}
+
+func blocksCountEveryHit(t *testing.T, settings Options) {
 	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
 	stores := []*Store{
-		reservingStore(t, r.Addr(), 100*time.Millisecond, regs[0]),
-		reservingStore(t, r.Addr(), 100*time.Millisecond, regs[1]),
+		reservingStoreOn(t, settings, 100*time.Millisecond, regs[0]),
+		reservingStoreOn(t, settings, 100*time.Millisecond, regs[1]),
 	}
 	sp := mustSpec(t, time.Hour, 1)
 	const limit = 1_000_000_000
@@ -74,7 +91,7 @@ func TestBlocksCountEveryHit(t *testing.T) {
 	for _, s := range stores {
 		s.Close()
 	}
-	plain := newTestStore(t, settingsFor(r.Addr()), Options{})
+	plain := newTestStore(t, settings, Options{})
 	waitHealthy(t, plain)
 	if used := limit - check(t, plain, req[0]).Remaining; used != callers*calls {
 		t.Fatalf("Redis counts %d hits after the blocks were given back, want the %d admitted", used, callers*calls)
