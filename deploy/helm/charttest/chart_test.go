@@ -237,10 +237,10 @@ func TestValuesSwitches(t *testing.T) {
 		sets  []string
 		check func(t *testing.T, o objects)
 	}{
-		{"redis with a password: a Secret, BACKEND_TYPE redis", []string{"redis.enabled=true", "redis.url=redis.edge:6379", "redis.auth=s3cret", "redis.failureMode=local"},
+		{"redis with a password: a Secret, BACKEND_TYPE redis", []string{"redis.enabled=true", "redis.url=redis.edge:6379", "redis.auth=s3cret", "redis.failureMode=local", "redis.reservation=0s"},
 			func(t *testing.T, o objects) {
 				e := env(o.deployment)
-				if e["BACKEND_TYPE"].Value != "redis" || e["REDIS_URL"].Value != "redis.edge:6379" || e["REDIS_FAILURE_MODE"].Value != "local" {
+				if e["BACKEND_TYPE"].Value != "redis" || e["REDIS_URL"].Value != "redis.edge:6379" || e["REDIS_FAILURE_MODE"].Value != "local" || e["REDIS_RESERVATION"].Value != "0s" {
 					t.Errorf("redis env %v", e)
 				}
 				ref, sec := e["REDIS_AUTH"].ValueFrom, o.secret("REDIS_AUTH")
