@@ -666,6 +666,31 @@ func TestRampAfterClosing(t *testing.T) {
 			t.Errorf("stats in the ramp: %+v", st)
 		}
 	})
+	t.Run("the ramp's edges", func(t *testing.T) {
+		b, _ := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s")
+		if !b.Steady() {
+			t.Error("not steady at once after closing without a ramp")
+		}
+		const ramp = "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s"
+		// Halfway, each request adds half a request's credit: of two at
+		// one instant, the second brings it to exactly 1 and passes.
+		b, t0 := closeAt(t, ramp)
+		if first, _ := b.AllowAt(t0 + 5*s); first {
+			t.Error("the first request halfway through the ramp passed with half a credit")
+		}
+		if second, _ := b.AllowAt(t0 + 5*s); !second {
+			t.Error("the second request halfway through the ramp, at a credit of exactly 1, was refused")
+		}
+		// At the ramp's very end it is over: no share, and steady once a
+		// request has passed.
+		b, t0 = closeAt(t, ramp)
+		if st := b.StatsAt(t0 + 10*s); st.RampShare != 0 {
+			t.Errorf("ramp share %v at the ramp's end, want 0", st.RampShare)
+		}
+		if ok, _ := b.AllowAt(t0 + 10*s); !ok || !b.Steady() {
+			t.Errorf("at the ramp's end: allowed %v, steady %v; want both", ok, b.Steady())
+		}
+	})
 	t.Run("a failure in the ramp opens it", func(t *testing.T) {
 		b, t0 := closeAt(t, "strategy: error_count, threshold: 1, open_duration: 5s, ramp_duration: 10s")
 		b.ObserveAt(t0+s, Outcome{Status: 503})
