@@ -514,6 +514,8 @@ func TestMatchValue(t *testing.T) {
 		{"", "x", true}, {"a", "a", true}, {"a", "b", false}, {"a*", "abc", true}, {"a*", "ba", false},
 		{"*c", "abc", true}, {"a*c", "ac", true}, {"a*b*c", "axbyc", true}, {"a*b*c", "acb", false},
 		{"ab*ba", "aba", false}, {"*", "", true},
+		// a middle part found at once, and a star right after a star
+		{"a*b*c", "abc", true}, {"a**c", "abc", true}, {"a*bc*d", "axbcybd", true}, {"a*bc*d", "axbdc", false},
 	}
 	for _, tt := range tests {
 		if got := matchValue(tt.pattern, tt.value); got != tt.want {
