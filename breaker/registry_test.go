@@ -738,3 +738,56 @@ func TestOverrideString(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadForgetsSeries: a reload drops the state and response-time
+// series of a removed rule, keeps both for an unchanged one, and keeps a
+// changed rule's response times (its breaker starts afresh).
+func TestReloadForgetsSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, _, _ := newTestRegistry(t, rulesYAML, Options{Metrics: reg})
+	r.Observe(Observation{Cluster: "orders", Status: 200, ResponseTime: 30 * ms, Source: SourceALS})
+	r.Observe(Observation{Route: "checkout", Cluster: "backend", Status: 200, ResponseTime: 20 * ms, Source: SourceALS})
+	r.Observe(Observation{Cluster: "inventory", Status: 200, ResponseTime: 10 * ms, Source: SourceALS})
+	// The checkout rule removed; the value-less rule's threshold changed.
+	i := strings.Index(rulesYAML, "  - key: route")
+	j := strings.Index(rulesYAML, "  - key: user")
+	next := strings.Replace(rulesYAML[:i]+rulesYAML[j:], "threshold: 2", "threshold: 3", 1)
+	if err := r.SetRules(parseSet(t, next)); err != nil {
+		t.Fatal(err)
+	}
+	series := func(metric, rule string) int {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, mf := range mfs {
+			if mf.GetName() != metric {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "rule" && l.GetValue() == rule {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	for _, c := range []struct {
+		metric, rule string
+		want         bool
+	}{
+		{"leapgate_breaker_state", "breaker.destination_cluster_orders", true},
+		{"leapgate_breaker_response_time_seconds", "breaker.destination_cluster_orders", true},
+		{"leapgate_breaker_state", "breaker.route_checkout.destination_cluster_backend", false},
+		{"leapgate_breaker_response_time_seconds", "breaker.route_checkout.destination_cluster_backend", false},
+		{"leapgate_breaker_response_time_seconds", "breaker.destination_cluster", true},
+	} {
+		if got := series(c.metric, c.rule) > 0; got != c.want {
+			t.Errorf("%s{rule=%q} present %v after the reload, want %v", c.metric, c.rule, got, c.want)
+		}
+	}
+}
