@@ -791,3 +791,27 @@ func TestReloadForgetsSeries(t *testing.T) {
 		}
 	}
 }
+
+// TestForceClosedPinsATargetOfAValuelessRule: observations fed through
+// ObserveTargets change nothing on a breaker of one value that is forced
+// closed, while the rule's other values still open.
+func TestForceClosedPinsATargetOfAValuelessRule(t *testing.T) {
+	r, _, _ := newTestRegistry(t, rulesYAML, Options{})
+	r.SetOverride("breaker.destination_cluster", "destination_cluster=inventory", ForceClosed)
+	for _, cluster := range []string{"inventory", "stock"} {
+		obs := Observation{Cluster: cluster, Status: 500}
+		ts := r.Targets(nil, &obs)
+		if len(ts) != 1 {
+			t.Fatalf("%s: %d targets, want 1", cluster, len(ts))
+		}
+		r.ObserveTargets(ts, obs)
+		r.ObserveTargets(ts, obs) // error_count, threshold 2
+		want := Open
+		if cluster == "inventory" {
+			want = Closed
+		}
+		if got := ts[0].Breaker().State(); got != want {
+			t.Errorf("%s after two 500s: %v, want %v", cluster, got, want)
+		}
+	}
+}
