@@ -230,10 +230,11 @@ func TestReserveScript(t *testing.T) {
 	const v = 10 * time.Millisecond
 	sp := mustSpec(t, time.Second, 1)
 	type grant struct{ found, total, remaining int64 }
+	grace := v
 	reserve := func(key string, limit uint64, holder, used float64, want uint64) grant {
 		t.Helper()
 		req := window.Request{Key: key, Spec: sp}
-		calls := []call{s.reserveCall(s.counterKey(&req), sp, limit, holder, used, want, v)}
+		calls := []call{s.reserveCall(s.counterKey(&req), sp, limit, holder, used, want, v, grace)}
 		if err := s.runReserve(ctx, calls); err != nil {
 			t.Fatal(err)
 		}
@@ -275,6 +276,13 @@ func TestReserveScript(t *testing.T) {
 	expect("nothing of it to settle", reserve("k", l, 1, 0, 0), grant{0, 0, 99_858})
 	clock.Advance(time.Second + 2*v)
 	expect("a window later", remaining("k", l), uint64(l))
+
+	// With a longer grace, a block is still Redis's to settle 2V on.
+	grace = 3 * v
+	expect("grant with a grace of 3V", reserve("grace", l, 8, -1, 50), grant{0, 50, 99_950})
+	clock.Advance(2 * v)
+	expect("settled within the grace", reserve("grace", l, 8, 5, 0), grant{1, 0, 99_995})
+	grace = v
 
 	// A block noticed only a window after it ended is dropped uncounted.
 	expect("grant", reserve("late", l, 3, -1, 50), grant{0, 50, 99_950})

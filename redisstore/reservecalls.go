@@ -17,7 +17,7 @@ import (
 // run sends the queued calls, several per round trip, and sweeps the
 // table every eighth of the validity, until ctx is done.
 func (rv *reserver) run(ctx context.Context) {
-	tick := time.NewTicker(max(rv.validity/8, time.Millisecond))
+	tick := time.NewTicker(rv.sweepEvery())
 	defer tick.Stop()
 	keys := make([]string, 0, maxBatchCalls)
 	for {
@@ -42,6 +42,15 @@ func (rv *reserver) run(ctx context.Context) {
 		rv.send(ctx, keys)
 	}
 }
+
+// sweepEvery is the period of the sweep.
+func (rv *reserver) sweepEvery() time.Duration { return max(rv.validity/8, time.Millisecond) }
+
+// grace is how long after its deadline a block of validity v may be
+// settled before Redis takes it as spent in full: v, or two sweeps if
+// longer (blocks of short windows have a V under the sweep's period), so
+// that an idle block is given back before then.
+func (rv *reserver) grace(v time.Duration) time.Duration { return max(v, 2*rv.sweepEvery()) }
 
 // sweep gives back the blocks idle for half their validity or past their
 // deadline, tops up the busy ones within an eighth of it, and forgets keys
@@ -107,7 +116,7 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 		b.spent = 0
 		b.demand, b.since = 0, now
 		ops = append(ops, op)
-		calls = append(calls, rv.s.reserveCall(k, b.spec, b.limit, op.holder, op.used, op.want, v))
+		calls = append(calls, rv.s.reserveCall(k, b.spec, b.limit, op.holder, op.used, op.want, v, rv.grace(v)))
 		sh.mu.Unlock()
 	}
 	if len(ops) == 0 {
@@ -218,11 +227,11 @@ func (rv *reserver) close(ctx context.Context) {
 // reserveCall is the allow-script group of one reservation of key (a
 // counter key) on a sliding window of spec and limit: see
 // SlidingWindow.reserve in lua/sliding_window.lua.
-func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, want uint64, validity time.Duration) call {
+func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, want uint64, validity, grace time.Duration) call {
 	req := window.Request{Spec: spec, Limit: limit}
 	packed := packArgs(nil, &req)
 	packed[len(packed)-1] |= 4
-	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond)} {
+	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond), float64(grace / time.Microsecond)} {
 		packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
 	}
 	c := call{keys: []string{key}, args: []any{1, "0", packed}}

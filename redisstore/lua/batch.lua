@@ -36,9 +36,9 @@
 -- by the algorithms in CHARGEABLE only; 4: a reservation, see below); for an algorithm in
 -- HOLDS (concurrency), one more double: the holder (window.HolderID, 0 for nobody).
 --
--- A reservation (sliding window only: SlidingWindow.reserve) has four more
+-- A reservation (sliding window only: SlidingWindow.reserve) has five more
 -- doubles: the replica's holder number, the hits it spent of the block it
--- holds (-1: none held), the hits it wants and the validity (us). Its
+-- holds (-1: none held), the hits it wants, the validity and the grace (us). Its
 -- answer's recorded is the hits granted (0: none), bucket the grant's time;
 -- it is never refused in the veto sense, and its group holds nothing else.
 --
@@ -104,7 +104,8 @@ local function runGroup(kb, packed, n, dry, reply)
         return 'reservations are not served by algorithm ' .. tostring(alg)
       end
       reserve = {}
-      reserve.holder, reserve.used, reserve.want, reserve.validity, pos = struct.unpack('<dddd', packed, pos)
+      reserve.holder, reserve.used, reserve.want, reserve.validity, reserve.grace, pos =
+        struct.unpack('<ddddd', packed, pos)
     end
     local key = KEYS_[kb + i]
     local st = states[key]
@@ -124,7 +125,7 @@ local function runGroup(kb, packed, n, dry, reply)
     local q = reqs[i]
     if q.reserve then
       local v = q.reserve
-      out[i] = q.impl.reserve(q.st, q.limit, v.holder, v.used, v.want, v.validity)
+      out[i] = q.impl.reserve(q.st, q.limit, v.holder, v.used, v.want, v.validity, v.grace)
     elseif not q.neg then
       local r = answer(q, q.hits)
       out[i] = r

@@ -19,7 +19,8 @@ end
 -- until useEnd (the grant's time plus the validity), then settles it: the
 -- hits it used are added at the time of the settling, which is no earlier
 -- than any of them, and the rest is given back. One that is not settled by
--- exp (useEnd plus the validity) is taken as used in full, at the time it
+-- exp (useEnd plus a grace the replica chooses, at least the validity, so
+-- that its sweep settles an idle block before then) is taken as used in full, at the time it
 -- is noticed (or dropped, if a window has passed since useEnd). So every
 -- hit spent from a block counts for at least a window from its own time,
 -- and no window admits more than the limit.
@@ -112,12 +113,13 @@ end
 -- reserve settles holder's block (used: the hits spent since the last
 -- settling, recorded now; -1 for a new block), then, if want > 0,
 -- tops it up to want hits (what is left of it, plus up to 1/RES_SHARE of
--- what the limit has left), valid for validity us from now; with want 0 the
+-- what the limit has left), valid for validity us from now and settled
+-- within grace us after that (else taken as spent); with want 0 the
 -- rest is given back. Its answer: allowed if Redis held the block,
 -- recorded the hits the block now holds (0: none), remaining what the
 -- limit has left after it, reset when everything counted has aged out,
 -- and bucket the time of the grant (us).
-function SlidingWindow.reserve(st, limit, holder, used, want, validity)
+function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace)
   CP.resize(st, CP.quotaFor(limit))
   swExpire(st)
   local found, rest = false, 0
@@ -158,7 +160,7 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity)
     if st.res == NO_RES then
       st.res = {}
     end
-    st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + 2 * validity}
+    st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + validity + math.max(grace, validity)}
     st.dirty = true
   end
   return {allowed = found, recorded = total, remaining = room - g, reset = CP.newestAgeOut(st), bucket = st.t}
