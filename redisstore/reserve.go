@@ -23,7 +23,7 @@ import (
 //   - the replica spends it only until its deadline, the time the request
 //     for it was sent plus the validity V (so before the grant's time plus
 //     V, by Redis's clock, whatever the replicas' clocks say), and settles
-//     it before Redis's exp (the grant's time plus 2V): the hits it spent
+//     it before Redis's exp (the grant's time plus V and a grace): the hits it spent
 //     are then recorded at the settling time, no earlier than any of them,
 //     and the rest is given back; a block not settled by then is taken as
 //     spent in full;
