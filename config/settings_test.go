@@ -89,6 +89,7 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"NEAR_LIMIT_RATIO": "1.5"}, "NEAR_LIMIT_RATIO"},
 		{map[string]string{"NEAR_LIMIT_RATIO": "0"}, "NEAR_LIMIT_RATIO"},
 		{map[string]string{"WINDOW_BUCKETS": "0"}, "WINDOW_BUCKETS"},
+		{map[string]string{"WINDOW_BUCKETS": "0", "BACKEND_TYPE": "redis"}, "WINDOW_BUCKETS"},
 		{map[string]string{"WINDOW_BUCKETS": "7"}, "WINDOW_BUCKETS: 7 does not divide"},
 		// 512 divides one second into whole nanoseconds, not microseconds:
 		// fine in memory, refused for Redis, whose clock is in microseconds.
@@ -108,6 +109,9 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"RLQS_ASSIGNMENT_TTL": "2500ms"}, "RLQS_ASSIGNMENT_TTL"},
 		{map[string]string{"RLQS_ASSIGNMENT_TTL": "2s", "RLQS_TICK": "2s"}, "RLQS_ASSIGNMENT_TTL"},
 		{map[string]string{"RLQS_TICK": "0s"}, "RLQS_TICK"},
+		{map[string]string{"RLQS_ASSIGNMENT_TTL": "3s", "RLQS_TICK": "2s"}, "RLQS_ASSIGNMENT_TTL"},
+		{map[string]string{"FEED_ALLOW_ANY_PEER": "true", "FEED_TOKEN": "t"}, "FEED_ALLOW_ANY_PEER"},
+		{map[string]string{"TRACING_SAMPLING_RATE": "1.01"}, "TRACING_SAMPLING_RATE"},
 		{map[string]string{"MAX_RLQS_STREAMS_PER_PEER": "0"}, "MAX_RLQS_STREAMS_PER_PEER"},
 		{map[string]string{"HTTP_READ_TIMEOUT": "0s"}, "HTTP_READ_TIMEOUT"},
 		{map[string]string{"HTTP_WRITE_TIMEOUT": "-1s"}, "HTTP_WRITE_TIMEOUT"},
@@ -137,6 +141,34 @@ func TestLoadRejectsBadValues(t *testing.T) {
 			_, err := Load()
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("Load() error = %v, want one mentioning %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestLoadAcceptsEdgeValues: the least and greatest value each bound
+// allows loads (each on its own, the rest at their defaults).
+func TestLoadAcceptsEdgeValues(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"PORT": "0"}, {"DEBUG_PORT": "65535"},
+		{"NEAR_LIMIT_RATIO": "1"},
+		{"WINDOW_BUCKETS": "1"}, {"WINDOW_BUCKETS": "1", "BACKEND_TYPE": "redis"},
+		{"DRAIN_TIMEOUT": "0s"}, {"CONFIG_RELOAD_DEBOUNCE": "0s"}, {"GRPC_MAX_CONNECTION_AGE_GRACE": "0s"},
+		{"MAX_KEYS": "0"}, {"MAX_MEMORY_BYTES": "0"},
+		{"MAX_REQUEST_BYTES": "1"}, {"MAX_DESCRIPTORS_PER_REQUEST": "1"},
+		{"HTTP_MAX_CONNECTIONS": "1"}, {"MAX_RLQS_STREAMS_PER_PEER": "1"},
+		{"RLQS_ASSIGNMENT_TTL": "2s", "RLQS_TICK": "1s"},
+		{"TRACING_SAMPLING_RATE": "0"}, {"TRACING_SAMPLING_RATE": "1"},
+		{"FEED_ALLOW_ANY_PEER": "true"},
+	} {
+		t.Run(fmt.Sprint(env), func(t *testing.T) {
+			unsetAll(t)
+			unsetRedis(t)
+			for k, v := range env {
+				t.Setenv(k, v)
+			}
+			if _, err := Load(); err != nil {
+				t.Errorf("Load() with %v: %v", env, err)
 			}
 		})
 	}
