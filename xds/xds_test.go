@@ -319,6 +319,7 @@ func TestJitter(t *testing.T) {
 		{"middle", Options{Jitter: true, RandomFactor: 0.5}, 0.5, 4 * s, 60 * s, 4 * s},
 		{"high", Options{Jitter: true, RandomFactor: 0.5}, 0.75, 4 * s, 60 * s, 5 * s},
 		{"capped at the limit", Options{Jitter: true, RandomFactor: 0.5}, 0.99, 50 * s, 60 * s, 60 * s},
+		{"at the limit, capped", Options{Jitter: true, RandomFactor: 0.5}, 0.99, 60 * s, 60 * s, 60 * s},
 		{"factor above 1 is 1", Options{Jitter: true, RandomFactor: 3}, 0, 4 * s, 60 * s, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
