@@ -110,6 +110,7 @@ func TestLoadRejectsBadValues(t *testing.T) {
 		{map[string]string{"RLQS_ASSIGNMENT_TTL": "2s", "RLQS_TICK": "2s"}, "RLQS_ASSIGNMENT_TTL"},
 		{map[string]string{"RLQS_TICK": "0s"}, "RLQS_TICK"},
 		{map[string]string{"RLQS_ASSIGNMENT_TTL": "3s", "RLQS_TICK": "2s"}, "RLQS_ASSIGNMENT_TTL"},
+		{map[string]string{"RLQS_ASSIGNMENT_TTL": "1s", "RLQS_TICK": "100ms"}, "RLQS_ASSIGNMENT_TTL"},
 		{map[string]string{"FEED_ALLOW_ANY_PEER": "true", "FEED_TOKEN": "t"}, "FEED_ALLOW_ANY_PEER"},
 		{map[string]string{"TRACING_SAMPLING_RATE": "1.01"}, "TRACING_SAMPLING_RATE"},
 		{map[string]string{"MAX_RLQS_STREAMS_PER_PEER": "0"}, "MAX_RLQS_STREAMS_PER_PEER"},
