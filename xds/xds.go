@@ -60,7 +60,8 @@ type Options struct {
 	ConnectRetryInterval time.Duration
 	// BackoffInitial and BackoffMax bound the delay before re-opening a
 	// stream that ended after it had opened; it doubles after each such
-	// failure and resets after a response.
+	// failure and resets after a response. BackoffInitial is 1s if 0; a
+	// BackoffMax below it is BackoffInitial.
 	BackoffInitial, BackoffMax time.Duration
 	// Jitter, when true, spreads every wait uniformly over
 	// [d*(1-RandomFactor), d*(1+RandomFactor)] (capped at BackoffMax for
@@ -97,30 +98,13 @@ func Subscribe(ctx context.Context, opts Options) error {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	initial := opts.BackoffInitial
-	if initial <= 0 {
-		initial = time.Second
-	}
-	maxBackoff := max(opts.BackoffMax, initial)
-	retry := opts.ConnectRetryInterval
-	if retry <= 0 {
-		retry = 3 * time.Second
-	}
-	backoff := initial
+	waits := newReconnectSchedule(opts)
 	for {
 		opened, received, err := stream(ctx, opts, logger)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if received {
-			backoff = initial
-		}
-		wait := retry
-		if opened {
-			wait = backoff
-			backoff = min(2*backoff, maxBackoff)
-		}
-		wait = opts.jitter(wait, maxBackoff)
+		wait := opts.jitter(waits.next(opened, received), waits.max)
 		logger.Warn("xds stream ended; reconnecting", "server", opts.ServerURL, "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
@@ -128,6 +112,53 @@ func Subscribe(ctx context.Context, opts Options) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// reconnectSchedule is the wait before each new stream, before jitter:
+// ConnectRetryInterval after an attempt that never opened a stream, else a
+// backoff from BackoffInitial doubling up to BackoffMax, back to
+// BackoffInitial once a stream received a response.
+type reconnectSchedule struct {
+	retry, initial, max, backoff time.Duration
+}
+
+// Defaults of Options' waits, when 0.
+const (
+	defaultConnectRetryInterval = 3 * time.Second
+	defaultBackoffInitial       = time.Second
+)
+
+func newReconnectSchedule(opts Options) *reconnectSchedule {
+	s := &reconnectSchedule{retry: opts.ConnectRetryInterval, initial: opts.BackoffInitial}
+	if s.retry <= 0 {
+		s.retry = defaultConnectRetryInterval
+	}
+	if s.initial <= 0 {
+		s.initial = defaultBackoffInitial
+	}
+	s.max = max(opts.BackoffMax, s.initial)
+	s.backoff = s.initial
+	return s
+}
+
+// next returns the wait after a stream that ended: whether it had opened
+// and whether it received any response.
+func (s *reconnectSchedule) next(opened, received bool) time.Duration {
+	if received {
+		s.backoff = s.initial
+	}
+	if !opened {
+		return s.retry
+	}
+	wait := s.backoff
+	s.backoff = min(2*s.backoff, s.max)
+	return wait
+}
+
+// nextRepeatDelay is the delay before NACKing a response rejected for the
+// same reason as the one before, after a delay of d for that one.
+func nextRepeatDelay(d time.Duration) time.Duration {
+	return min(max(2*d, minRepeatDelay), maxRepeatDelay)
 }
 
 // jitter spreads d as Options.Jitter says, never above limit unless d is.
@@ -208,7 +239,7 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, rec
 			// that doubles up to maxRepeatDelay, so the loop costs little
 			// and a fixed snapshot still arrives within it.
 			if err.Error() == lastRejected {
-				repeatDelay = min(max(2*repeatDelay, minRepeatDelay), maxRepeatDelay)
+				repeatDelay = nextRepeatDelay(repeatDelay)
 				select {
 				case <-ctx.Done():
 					return true, received, ctx.Err()

@@ -3,7 +3,10 @@ package xds
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -326,6 +329,123 @@ func TestJitter(t *testing.T) {
 			tt.opts.Rand = func() float64 { return tt.r }
 			if got := tt.opts.jitter(tt.d, tt.limit); got != tt.want {
 				t.Errorf("jitter(%v) = %v, want %v", tt.d, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestReconnectSchedule: the waits between streams, before jitter.
+func TestReconnectSchedule(t *testing.T) {
+	const s = time.Second
+	type end struct{ opened, received bool }
+	never, failed, answered := end{false, false}, end{true, false}, end{true, true}
+	for _, tt := range []struct {
+		name string
+		opts Options
+		ends []end
+		want []time.Duration
+	}{
+		{"defaults", Options{}, []end{never, failed, failed, failed}, []time.Duration{3 * s, s, s, s}},
+		{"retry after a stream that never opened", Options{ConnectRetryInterval: 5 * s, BackoffInitial: s, BackoffMax: 60 * s},
+			[]end{never, never}, []time.Duration{5 * s, 5 * s}},
+		{"backoff doubles up to the max", Options{BackoffInitial: s, BackoffMax: 5 * s},
+			[]end{failed, failed, failed, failed, failed}, []time.Duration{s, 2 * s, 4 * s, 5 * s, 5 * s}},
+		{"a response resets the backoff", Options{BackoffInitial: s, BackoffMax: 60 * s},
+			[]end{failed, failed, failed, answered, failed}, []time.Duration{s, 2 * s, 4 * s, s, 2 * s}},
+		{"a refused attempt keeps the backoff", Options{BackoffInitial: s, BackoffMax: 60 * s},
+			[]end{failed, never, failed}, []time.Duration{s, 3 * s, 2 * s}},
+		{"max below initial is initial", Options{BackoffInitial: 4 * s, BackoffMax: s},
+			[]end{failed, failed}, []time.Duration{4 * s, 4 * s}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			waits := newReconnectSchedule(tt.opts)
+			for i, e := range tt.ends {
+				if got := waits.next(e.opened, e.received); got != tt.want[i] {
+					t.Errorf("wait %d after %+v = %v, want %v", i, e, got, tt.want[i])
+				}
+			}
+		})
+	}
+	if got := newReconnectSchedule(Options{BackoffInitial: s, BackoffMax: 7 * s}).max; got != 7*s {
+		t.Errorf("jitter limit %v, want BackoffMax 7s", got)
+	}
+}
+
+// TestNextRepeatDelay: a repeated rejection is NACKed after a delay that
+// starts at 50ms and doubles up to 1s.
+func TestNextRepeatDelay(t *testing.T) {
+	d, got := time.Duration(0), []time.Duration{}
+	for range 7 {
+		d = nextRepeatDelay(d)
+		got = append(got, d)
+	}
+	ms := time.Millisecond
+	want := []time.Duration{50 * ms, 100 * ms, 200 * ms, 400 * ms, 800 * ms, time.Second, time.Second}
+	if !slices.Equal(got, want) {
+		t.Errorf("repeat delays %v, want %v", got, want)
+	}
+}
+
+// recordingHandler keeps the level of every record logged.
+type recordingHandler struct {
+	mu     sync.Mutex
+	levels []slog.Level
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.levels = append(h.levels, r.Level)
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *recordingHandler) errors() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(slices.DeleteFunc(slices.Clone(h.levels), func(l slog.Level) bool { return l != slog.LevelError }))
+}
+
+// TestRejectionsReportedOnce: a rejected response is logged at error level
+// unless OnResult is set, which is then told instead (and only it); and a
+// node without metadata is sent without a metadata struct.
+func TestRejectionsReportedOnce(t *testing.T) {
+	for _, withOnResult := range []bool{false, true} {
+		t.Run(fmt.Sprintf("OnResult=%v", withOnResult), func(t *testing.T) {
+			m, addr := startManagementServer(t, "127.0.0.1:0")
+			m.publish(t, "1", config("broken", "", "user", 5))
+			logs := &recordingHandler{}
+			results := make(chan error, 100)
+			opts := Options{
+				ServerURL:   addr,
+				NodeID:      nodeID,
+				DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+				Logger:      slog.New(logs),
+				Apply:       func(*descriptors.Set) error { return nil },
+			}
+			if withOnResult {
+				opts.OnResult = func(err error) { results <- err }
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); _ = Subscribe(ctx, opts) }()
+			nack := m.waitRequest(t, "NACKing version 1", func(r *discoverygrpc.DiscoveryRequest) bool { return r.GetErrorDetail() != nil })
+			cancel()
+			<-done
+			if md := nack.GetNode().GetMetadata(); md != nil {
+				t.Errorf("node metadata %v sent without NodeMetadata, want none", md)
+			}
+			if withOnResult {
+				if logs.errors() != 0 {
+					t.Errorf("%d errors logged with OnResult set, want 0 (OnResult reports)", logs.errors())
+				}
+				if err := <-results; err == nil {
+					t.Error("OnResult told nil for a rejected response")
+				}
+			} else if logs.errors() == 0 {
+				t.Error("a rejected response was not logged without OnResult")
 			}
 		})
 	}
