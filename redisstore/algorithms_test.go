@@ -503,6 +503,9 @@ func TestSlidingLogEdge(t *testing.T) {
 // most 20 + 2*window.Blocks bytes (at most 256), however many hits and
 // whatever the limit; the test logs Redis's MEMORY USAGE for the key.
 func TestSlidingWindowValueSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("80,000 script calls, about 10 s")
+	}
 	r := redistest.Start(t)
 	ft := &testclock.Clock{}
 	s := withFakeTime(newTestStore(t, settingsFor(r.Addr()), Options{}), ft)
