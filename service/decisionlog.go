@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/leapgate/leapgate/window"
 )
 
 // decisionLinesPerSecond bounds the decision log: a flood of refusals
@@ -13,10 +15,11 @@ import (
 const decisionLinesPerSecond = 100
 
 // decisionLog writes, at debug level, one line per refused descriptor, at
-// most decisionLinesPerSecond a second. The zero value is ready to use.
+// most decisionLinesPerSecond a second of its clock.
 type decisionLog struct {
+	clock   window.Clock
 	mu      sync.Mutex
-	second  int64 // unix second of the current budget
+	second  int64 // the clock's second of the current budget
 	written int
 	dropped int
 }
@@ -49,7 +52,7 @@ func (d *decisionLog) refused(ctx context.Context, logger *slog.Logger, domain s
 // take reports whether a line fits this second's budget, first writing
 // the count of lines the previous second left out.
 func (d *decisionLog) take(ctx context.Context, logger *slog.Logger) bool {
-	now := time.Now().Unix()
+	now := int64(d.clock.Now() / time.Second)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if now != d.second {

@@ -2,10 +2,13 @@ package service
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leapgate/leapgate/internal/envoyhdr"
 )
@@ -34,13 +37,38 @@ func TestDecisionLog(t *testing.T) {
 		t.Error("the request's value was logged")
 	}
 
-	// A flood is bounded.
-	buf.Reset()
-	for range 3 * decisionLinesPerSecond {
+	// A flood is cut to decisionLinesPerSecond lines a second of the
+	// clock; the next second's first line says how many were left out.
+	for _, flood := range []int{decisionLinesPerSecond, decisionLinesPerSecond + 7} {
+		h.clock.Advance(time.Second)
+		buf.Reset()
+		h.call(req("test", desc("ban", "x"))) // opens the second's budget
+		if flood == decisionLinesPerSecond && strings.Contains(buf.String(), "left out") {
+			t.Errorf("left-out line after a second that left none out: %s", buf.String())
+		}
+		buf.Reset()
+		for range flood - 1 {
+			h.call(req("test", desc("ban", "x")))
+		}
+		if n := strings.Count(buf.String(), `"msg":"refused"`); n != decisionLinesPerSecond-1 {
+			t.Errorf("flood of %d: %d lines after the first, want %d", flood, n, decisionLinesPerSecond-1)
+		}
+		h.clock.Advance(999 * time.Millisecond) // not yet the next second
 		h.call(req("test", desc("ban", "x")))
-	}
-	if n := strings.Count(buf.String(), `"msg":"refused"`); n > decisionLinesPerSecond*2 {
-		t.Errorf("%d lines for %d refusals, want at most %d a second", n, 3*decisionLinesPerSecond, decisionLinesPerSecond)
+		if strings.Contains(buf.String(), "left out") {
+			t.Errorf("flood of %d: left-out line within the second", flood)
+		}
+		buf.Reset()
+		h.clock.Advance(time.Millisecond)
+		h.call(req("test", desc("ban", "x")))
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		wantLines, wantLeftOut := 1, ""
+		if left := flood + 1 - decisionLinesPerSecond; left > 0 {
+			wantLines, wantLeftOut = 2, fmt.Sprintf(`"count":%d`, left)
+		}
+		if len(lines) != wantLines || !strings.Contains(lines[0], cmp.Or(wantLeftOut, `"msg":"refused"`)) {
+			t.Errorf("flood of %d: next second logged %q, want %d lines (left out: %q)", flood, lines, wantLines, wantLeftOut)
+		}
 	}
 
 	// Not at info level: nothing.

@@ -147,7 +147,7 @@ func newHarness(t testing.TB, set *descriptors.Set, mod func(*Options)) *harness
 	t.Helper()
 	h := &harness{t: t, clock: &testclock.Clock{}, reg: prometheus.NewRegistry()}
 	h.store = window.NewStore(window.StoreOptions{Clock: h.clock})
-	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: testBuckets}
+	opts := Options{Limiter: h.store, Registry: h.reg, DefaultBuckets: testBuckets, Clock: h.clock}
 	if mod != nil {
 		mod(&opts)
 	}

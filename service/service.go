@@ -76,6 +76,10 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Logger logs configuration problems and limiter failures; nil discards.
 	Logger *slog.Logger
+	// Clock times the decision log's budget of lines a second; if nil,
+	// window.NewMonotonicClock(). (Windows are timed by the Limiter's own
+	// clock.)
+	Clock window.Clock
 	// ShadowMode (SHADOW_MODE) forces the overall code to OK; descriptor
 	// statuses still say OVER_LIMIT where a limit is exceeded.
 	ShadowMode bool
@@ -219,6 +223,10 @@ func New(opts Options) (*Service, error) {
 		headerNames:    names,
 		refusalHeaders: opts.RefusalHeaders,
 		metadata:       opts.DynamicMetadata,
+	}
+	s.decisions.clock = opts.Clock
+	if s.decisions.clock == nil {
+		s.decisions.clock = window.NewMonotonicClock()
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
