@@ -86,6 +86,26 @@ func TestRuleMetrics(t *testing.T) {
 			},
 		},
 		{
+			// near_limit counts the admitted hits above 80 % of the limit:
+			// of 10, the 9th and the 10th, not the 8th.
+			name:  "near_limit from just above the ratio",
+			rules: tenRule,
+			reqs:  repeat(8, req("test", desc("ten", "x"))),
+			want:  map[[2]string]counts{{"test", "test.ten"}: {total: 8, within: 8}},
+		},
+		{
+			name:  "near_limit of the 9th and 10th hits",
+			rules: tenRule,
+			reqs:  repeat(10, req("test", desc("ten", "x"))),
+			want:  map[[2]string]counts{{"test", "test.ten"}: {total: 10, within: 10, near: 2}},
+		},
+		{
+			name:  "near_limit of a request crossing the ratio: its hits above it",
+			rules: tenRule,
+			reqs:  []*rlsv3.RateLimitRequest{req("test", with(desc("ten", "x"), hits(7))), req("test", with(desc("ten", "x"), hits(3)))},
+			want:  map[[2]string]counts{{"test", "test.ten"}: {total: 10, within: 10, near: 2}},
+		},
+		{
 			// envoyproxy/ratelimit's config_test.go, TestValueToMetric*:
 			// value_to_metric on a parent level puts the request's value at
 			// that level into the key of the rule limited below it.
@@ -326,3 +346,11 @@ func TestServiceMetrics(t *testing.T) {
 		t.Errorf("New on a fresh registry: %v", err)
 	}
 }
+
+// tenRule is one limit of 10 a minute, for the near_limit edges.
+const tenRule = `
+domain: test
+descriptors:
+  - key: ten
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`

@@ -791,3 +791,52 @@ func TestMalformedRequestsNeverPanic(t *testing.T) {
 		}()
 	}
 }
+
+// TestBreakerRefusalOfAnOverQuotaDescriptor: a quota-mode descriptor over
+// its limit does not refuse the request, so its breaker is asked; when the
+// breaker refuses, the reset is the longer of the breaker's retry time and
+// the rate limit's reset.
+func TestBreakerRefusalOfAnOverQuotaDescriptor(t *testing.T) {
+	const rules = `
+domain: test
+descriptors:
+  - key: q
+    value: a
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: time_buckets}
+    circuit_breaker: {strategy: error_ratio, threshold: 0.5}
+  - key: q
+    value: b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: time_buckets}
+`
+	for _, tt := range []struct {
+		name  string
+		retry time.Duration
+		reset time.Duration
+	}{
+		{"the rate limit's reset is longer", 100 * time.Millisecond, 1100 * time.Millisecond},
+		{"the breaker's retry is longer", 5 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			brk := &fakeBreakers{}
+			h := newHarness(t, mustParse(t, rules), func(o *Options) { o.Breakers = brk })
+			if resp, err := h.call(req("test", desc("q", "a"), desc("q", "b"))); err != nil || resp.OverallCode != codeOK {
+				t.Fatalf("first request: %v, %v", resp, err)
+			}
+			brk.mu.Lock()
+			brk.refuse = map[string]time.Duration{"test.q_a": tt.retry}
+			brk.mu.Unlock()
+			resp, err := h.call(req("test", desc("q", "a"), desc("q", "b")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode != codeOver || resp.Statuses[0].Code != codeOver {
+				t.Fatalf("a refused breaker on an over quota descriptor: %v", prototext.Format(resp))
+			}
+			if got := resp.Statuses[0].DurationUntilReset.AsDuration(); got != tt.reset {
+				t.Errorf("reset %v, want %v", got, tt.reset)
+			}
+		})
+	}
+}
