@@ -104,6 +104,26 @@ func TestResponseHeaders(t *testing.T) {
 			},
 		},
 		{
+			// The policy names show which descriptor is reported.
+			name: "draft11: of refusals the longest wait, the first of equal ones",
+			opts: draft11,
+			calls: []call{
+				{req: req("test", desc("user", "v"), desc("user", "v")), headers: []string{
+					`RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=0;t=66`}},
+				{req: req("test", desc("ban", "x"), desc("user", "v")), headers: []string{
+					`RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=0;t=66`, "Retry-After: 66"}},
+				{req: req("test", desc("user", "v"), desc("ban", "x")), headers: []string{
+					`RateLimit-Policy: "test.user";q=2;w=60`, `RateLimit: "test.user";r=0;t=66`, "Retry-After: 66"}},
+				{req: req("test", desc("ban", "x"), desc("ban2", "x")), headers: []string{
+					`RateLimit-Policy: "test.ban";q=0;w=1`, `RateLimit: "test.ban";r=0;t=1`, "Retry-After: 1"}},
+				{req: req("test", desc("ban2", "x"), desc("ban", "x")), headers: []string{
+					`RateLimit-Policy: "test.ban2";q=0;w=1`, `RateLimit: "test.ban2";r=0;t=1`, "Retry-After: 1"}},
+				// A named limit of a later descriptor is named.
+				{req: req("test", desc("detailed", "d"), desc("multi", "m")), headers: []string{
+					`RateLimit-Policy: "per-second";q=3;w=1`, `RateLimit: "per-second";r=2;t=2`}},
+			},
+		},
+		{
 			name:   "circuit breaker: Retry-After is the time until half-open",
 			opts:   draft03,
 			refuse: map[string]time.Duration{"test.backend_api": 4500 * ms},

@@ -62,6 +62,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 5, replaces: [{name: legacy}]}
   - key: ban
     rate_limit: {unit: second, requests_per_unit: 0, algorithm: time_buckets}
+  - key: ban2
+    rate_limit: {unit: second, requests_per_unit: 0, algorithm: time_buckets}
   - key: win
     rate_limit: {window: 30s, requests_per_unit: 2, algorithm: time_buckets}
   - key: detailed
