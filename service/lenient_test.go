@@ -1,6 +1,8 @@
 package service
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -146,5 +149,45 @@ func fixUTF8(req *rlsv3.RateLimitRequest) {
 				e.Key, e.Value = fix(e.Key), fix(e.Value)
 			}
 		}
+	}
+}
+
+// nestedValue is the wire bytes of a structpb.Value whose innermost
+// message (an empty one) is nested depth messages deep: a Value holds a
+// ListValue (field 6) that holds Values (field 1), and so on.
+func nestedValue(depth int) []byte {
+	var b []byte
+	for d := depth; d >= 1; d-- {
+		field := protowire.Number(1) // a ListValue's values
+		if (d-1)%2 == 0 {
+			field = 6 // a Value's list_value
+		}
+		b = protowire.AppendBytes(protowire.AppendTag(nil, field, protowire.BytesType), b)
+	}
+	return b
+}
+
+// TestLenientDepth: messages nested maxLenientDepth deep decode as
+// proto.Unmarshal decodes them; one level more is refused.
+func TestLenientDepth(t *testing.T) {
+	for _, depth := range []int{1, 2, maxLenientDepth - 1, maxLenientDepth, maxLenientDepth + 1, 3 * maxLenientDepth} {
+		t.Run(fmt.Sprint(depth), func(t *testing.T) {
+			b := nestedValue(depth)
+			want := new(structpb.Value)
+			if err := proto.Unmarshal(b, want); err != nil {
+				t.Fatal(err)
+			}
+			got := new(structpb.Value)
+			err := unmarshalLenient(b, got.ProtoReflect())
+			if depth > maxLenientDepth {
+				if !errors.Is(err, errTooDeep) {
+					t.Fatalf("depth %d: %v, want errTooDeep", depth, err)
+				}
+				return
+			}
+			if err != nil || !proto.Equal(got, want) {
+				t.Fatalf("depth %d: %v, %v; want %v", depth, got, err, want)
+			}
+		})
 	}
 }
