@@ -354,3 +354,18 @@ descriptors:
   - key: ten
     rate_limit: {unit: minute, requests_per_unit: 10}
 `
+
+// TestUnknownDomainLabelLength: an unknown domain of maxLoggedBytes is its
+// own label; a longer one is cut to maxLoggedBytes and marked with "…".
+func TestUnknownDomainLabelLength(t *testing.T) {
+	h := newHarness(t, mustParse(t, testRules), nil)
+	exact, long := strings.Repeat("a", maxLoggedBytes), strings.Repeat("b", maxLoggedBytes+1)
+	h.call(req(exact, desc("k", "v")))
+	h.call(req(long, desc("k", "v")))
+	vec := h.svc.metrics.domainNotFound.vec
+	for label, want := range map[string]float64{exact: 1, long[:maxLoggedBytes] + "…": 1, long: 0} {
+		if got := testutil.ToFloat64(vec.WithLabelValues(label)); got != want {
+			t.Errorf("domain_not_found{domain of %d bytes} = %v, want %v", len(label), got, want)
+		}
+	}
+}

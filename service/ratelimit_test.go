@@ -733,8 +733,12 @@ func TestOneLimiterCallPerRequest(t *testing.T) {
 func TestBreakersSeeMatchedRuleAndEntries(t *testing.T) {
 	brk := &fakeBreakers{}
 	h := newHarness(t, mustParse(t, testRules), func(o *Options) { o.Breakers = brk })
-	if _, err := h.call(req("test", desc("backend", "api"), desc("k", "exact"), desc("old", "x"), desc("new", "y"))); err != nil {
+	first, err := h.call(req("test", desc("backend", "api"), desc("k", "exact"), desc("old", "x"), desc("new", "y")))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if hs := first.GetRequestHeadersToAdd(); len(hs) != 0 {
+		t.Errorf("request headers %v added without a probe, want none", hs)
 	}
 	if len(brk.asked) != 1 || brk.asked[0] != "test.backend_api" {
 		t.Fatalf("breakers asked for %v, want [test.backend_api]", brk.asked)
@@ -838,5 +842,63 @@ descriptors:
 				t.Errorf("reset %v, want %v", got, tt.reset)
 			}
 		})
+	}
+}
+
+// TestNearLimitRatioBounds: New takes a near-limit ratio in (0, 1] (0 is
+// the default) and refuses any other.
+func TestNearLimitRatioBounds(t *testing.T) {
+	for _, tt := range []struct {
+		ratio float64
+		ok    bool
+	}{{0, true}, {0.01, true}, {1, true}, {1.0001, false}, {-0.1, false}} {
+		_, err := New(Options{Limiter: window.NewStore(window.StoreOptions{}), Registry: prometheus.NewRegistry(), NearLimitRatio: tt.ratio})
+		if (err == nil) != tt.ok {
+			t.Errorf("ratio %v: %v, want accepted %v", tt.ratio, err, tt.ok)
+		}
+	}
+}
+
+// TestReplacesAmongReplacingRules: a rule replaced by another is dropped
+// even when every rule of the request replaces something.
+func TestReplacesAmongReplacingRules(t *testing.T) {
+	const rules = `
+domain: test
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 5, name: la, replaces: [{name: lb}]}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 1, name: lb, replaces: [{name: elsewhere}]}
+`
+	h := newHarness(t, mustParse(t, rules), nil)
+	for i := range 3 {
+		resp, err := h.call(req("test", desc("a", "x"), desc("b", "y")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode != codeOK || resp.Statuses[1].CurrentLimit != nil {
+			t.Fatalf("call %d: b (replaced by a) still limits: %v", i, prototext.Format(resp))
+		}
+	}
+}
+
+// TestOverrideWindowEdge: a limit override's window may be as long as a
+// time.Duration holds, in whole units, and not one unit more (then the
+// rule answers).
+func TestOverrideWindowEdge(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	most := uint32(math.MaxInt64 / int64(year))
+	h := newHarness(t, mustParse(t, testRules), nil)
+	for _, tt := range []struct {
+		mult  uint32
+		limit uint32
+	}{{most, 7}, {most + 1, 2}} {
+		resp, err := h.call(req("test", with(desc("user", fmt.Sprint("u", tt.mult)), override(7, typev3.RateLimitUnit_YEAR, tt.mult))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(); got != tt.limit {
+			t.Errorf("override of %d years: limit %d, want %d", tt.mult, got, tt.limit)
+		}
 	}
 }
