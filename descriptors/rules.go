@@ -19,8 +19,9 @@ type Limit struct {
 	// UnitMultiplier multiplies Unit into the window length (1 when unset).
 	UnitMultiplier uint32
 	// Length, when non-zero, is an explicit window length (YAML `window: 30s`)
-	// that overrides Unit × UnitMultiplier; Unit is then the largest unit
-	// that divides it, for reporting.
+	// that overrides Unit × UnitMultiplier; Unit and UnitMultiplier then
+	// report it: the largest unit that divides it and the multiple, when
+	// that fits in 32 bits, else UnitSecond and 1.
 	Length time.Duration
 	// Buckets is the number of time buckets per window of a TimeBuckets
 	// limit (0: the service default); the loader refuses it on the others.

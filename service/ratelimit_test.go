@@ -918,3 +918,45 @@ func TestCallReusesItsBuffers(t *testing.T) {
 		t.Errorf("%v allocations a call, want at most 12", n)
 	}
 }
+
+// TestReportedUnitMultiplier: current_limit carries the rule's
+// unit_multiplier, or for a window the multiple of the unit it is, when
+// that is whole, above 1 and fits in 32 bits.
+func TestReportedUnitMultiplier(t *testing.T) {
+	const rules = `
+domain: test
+descriptors:
+  - key: m5
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 9}
+  - key: w30
+    rate_limit: {window: 30s, requests_per_unit: 9}
+  - key: w2h
+    rate_limit: {window: 2h, requests_per_unit: 9}
+  - key: w1
+    rate_limit: {window: 1s, requests_per_unit: 9}
+  - key: w1500
+    rate_limit: {window: 1500ms, requests_per_unit: 9}
+  - key: wmax
+    rate_limit: {window: 4294967295s, requests_per_unit: 9}
+  - key: wlong
+    rate_limit: {window: 4294967298s, requests_per_unit: 9}
+`
+	h := newHarness(t, mustParse(t, rules), nil)
+	for _, tt := range []struct {
+		key  string
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+		mult uint32 // 0: not reported
+	}{
+		{"m5", minute, 5}, {"w30", second, 30}, {"w2h", rlsv3.RateLimitResponse_RateLimit_HOUR, 2},
+		{"w1", second, 0}, {"w1500", second, 0}, {"wmax", second, math.MaxUint32}, {"wlong", second, 0},
+	} {
+		resp, err := h.call(req("test", desc(tt.key, "x")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := resp.Statuses[0].GetCurrentLimit()
+		if l.GetUnit() != tt.unit || l.GetUnitMultiplier().GetValue() != tt.mult || (tt.mult == 0) != (l.GetUnitMultiplier() == nil) {
+			t.Errorf("%s: current_limit %v, want unit %v, multiplier %d", tt.key, l, tt.unit, tt.mult)
+		}
+	}
+}

@@ -386,7 +386,7 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 			index:  i,
 			name:   l.Name,
 			unit:   rlsv3.RateLimitResponse_RateLimit_Unit(l.Unit),
-			mult:   reportedMultiplier(l),
+			mult:   l.UnitMultiplier,
 			alg:    alg,
 			charge: l.ChargeAlways,
 		}
@@ -401,15 +401,4 @@ func (s *Service) newRuleInfo(r *descriptors.Rule) *ruleInfo {
 		info.limits = append(info.limits, li)
 	}
 	return info
-}
-
-// reportedMultiplier is the unit_multiplier to report for a limit.
-func reportedMultiplier(l descriptors.Limit) uint32 {
-	if l.Length > 0 {
-		if u := l.Unit.Duration(); u > 0 && l.Length%u == 0 && l.Length/u <= 1<<32-1 {
-			return uint32(l.Length / u)
-		}
-		return 0
-	}
-	return l.UnitMultiplier
 }
