@@ -13,14 +13,19 @@ import (
 )
 
 // stallSlack is what a call may take beyond Options.Timeout while Redis
-// stalls: the time to notice the deadline and return, on a busy machine.
-const stallSlack = 10 * time.Millisecond
+// stalls: the time to notice the deadline and return, on a busy 2-core
+// machine (10 ms was once exceeded by 0.8 ms while staticcheck ran). It is
+// far below both the stall (1.5 s) and a second timeout.
+const stallSlack = 50 * time.Millisecond
 
 // TestStalledRedisBoundedByTimeout blocks a real redis-server (DEBUG SLEEP)
 // while concurrent callers keep calling: no Do and no Undo takes longer than
 // Options.Timeout plus stallSlack, whatever the connection pool, the
 // pipeline or the failure mode does meanwhile.
 func TestStalledRedisBoundedByTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real-time bound: skipped where other suites share the machine (make mutate)")
+	}
 	r := redistest.Start(t, "--enable-debug-command", "yes")
 	for _, timeout := range []time.Duration{100 * time.Millisecond, 300 * time.Millisecond} {
 		t.Run(timeout.String(), func(t *testing.T) {

@@ -16,7 +16,8 @@
 # short mode (soaks, failovers, size sweeps) do not run for every mutant,
 # so a mutant only they would kill counts as lived and each efficacy is a
 # lower bound. MUTATE_TIMEOUT_COEFFICIENT (default 20) scales gremlins'
-# per-mutant timeout (the suite's time under coverage times it).
+# per-mutant timeout (the suite's time under coverage times it);
+# MUTATE_WORKERS (default 1) runs that many mutants at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,7 +84,7 @@ summary=()
 for pkg in $PKGS; do
 	echo "== gremlins unleash $pkg" >&2
 	start=$(date +%s)
-	out=$(gremlins unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT_COEFFICIENT:-20}" --exclude-files '_test\.go$' "$pkg" 2>&1 | tee -a /dev/stderr)
+	out=$(gremlins unleash --workers "${MUTATE_WORKERS:-1}" --timeout-coefficient "${MUTATE_TIMEOUT_COEFFICIENT:-20}" --exclude-files '_test\.go$' "$pkg" 2>&1 | tee -a /dev/stderr)
 	summary+=("$pkg ($(($(date +%s) - start)) s): $(grep -E 'Test efficacy|Mutator coverage|Killed:|Timed out:' <<<"$out" | tr -s ' ' | tr '\n' ' ')")
 	if grep -q 'Test efficacy' <<<"$out"; then
 		record "$pkg" "$out"
