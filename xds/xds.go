@@ -86,6 +86,18 @@ type Options struct {
 	OnResult func(err error)
 	// Logger receives connection and validation events.
 	Logger *slog.Logger
+
+	// after, when set, replaces time.After for every wait (tests record
+	// the waits through it).
+	after func(time.Duration) <-chan time.Time
+}
+
+// wait returns a channel that receives after d, as time.After does.
+func (opts *Options) wait(d time.Duration) <-chan time.Time {
+	if opts.after != nil {
+		return opts.after(d)
+	}
+	return time.After(d)
 }
 
 // Subscribe follows the management server until ctx is done, applying every
@@ -109,7 +121,7 @@ func Subscribe(ctx context.Context, opts Options) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(wait):
+		case <-opts.wait(wait):
 		}
 	}
 }
@@ -243,7 +255,7 @@ func stream(ctx context.Context, opts Options, logger *slog.Logger) (opened, rec
 				select {
 				case <-ctx.Done():
 					return true, received, ctx.Err()
-				case <-time.After(repeatDelay):
+				case <-opts.wait(repeatDelay):
 				}
 			} else {
 				lastRejected, repeatDelay = err.Error(), 0

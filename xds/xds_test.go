@@ -450,3 +450,69 @@ func TestRejectionsReportedOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestRepeatedRejectionsAreNACKedAfterAGrowingDelay: go-control-plane
+// answers a NACK by sending the same resources again at once; the first
+// rejection is NACKed at once, each repeat after a delay doubling from
+// 50ms up to 1s.
+func TestRepeatedRejectionsAreNACKedAfterAGrowingDelay(t *testing.T) {
+	m, addr := startManagementServer(t, "127.0.0.1:0")
+	m.publish(t, "1", config("broken", "", "user", 5))
+	nacks := func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		n := 0
+		for _, r := range m.requests {
+			if r.GetErrorDetail() != nil {
+				n++
+			}
+		}
+		return n
+	}
+	var mu sync.Mutex
+	var waits []time.Duration
+	nacksAtFirstWait := -1
+	enough := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opts := Options{
+		ServerURL:   addr,
+		NodeID:      nodeID,
+		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		Apply:       func(*descriptors.Set) error { return nil },
+		OnResult:    func(error) {},
+	}
+	opts.after = func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		if nacksAtFirstWait < 0 {
+			nacksAtFirstWait = nacks()
+		}
+		waits = append(waits, d)
+		if len(waits) == 6 {
+			close(enough)
+		}
+		if len(waits) >= 6 {
+			return nil // waits until ctx ends
+		}
+		c := make(chan time.Time, 1)
+		c <- time.Time{}
+		return c
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = Subscribe(ctx, opts) }()
+	select {
+	case <-enough:
+	case <-time.After(10 * time.Second):
+		t.Fatal("fewer than 6 waits within 10s")
+	}
+	cancel()
+	<-done
+	ms := time.Millisecond
+	if want := []time.Duration{50 * ms, 100 * ms, 200 * ms, 400 * ms, 800 * ms, time.Second}; !slices.Equal(waits, want) {
+		t.Errorf("waits %v, want %v", waits, want)
+	}
+	if nacksAtFirstWait < 1 {
+		t.Errorf("%d NACKs before the first wait: the first rejection was not NACKed at once", nacksAtFirstWait)
+	}
+}
