@@ -285,7 +285,12 @@ func TestAbandonedOpenBreakersAreReclaimed(t *testing.T) {
 	// abandonment. junk-2 is observed again just before.
 	clock.Advance(9 * s)
 	errorsFrom("junk-2", 1)
-	clock.Advance(1*s + 1)
+	clock.Advance(1 * s) // junk-1 unobserved exactly 10s: not yet abandoned
+	errorsFrom("inventory", 2)
+	if isOpen("inventory") {
+		t.Fatal("a breaker unobserved for exactly its open period and probe timeout was reclaimed")
+	}
+	clock.Advance(1)
 	errorsFrom("inventory", 2)
 	if !isOpen("inventory") {
 		t.Fatal("inventory did not get a slot: abandoned open breakers squat them")
@@ -813,5 +818,38 @@ func TestForceClosedPinsATargetOfAValuelessRule(t *testing.T) {
 		if got := ts[0].Breaker().State(); got != want {
 			t.Errorf("%s after two 500s: %v, want %v", cluster, got, want)
 		}
+	}
+}
+
+// TestObservingAReclaimedBreaker: targets resolved before their breaker's
+// slot was reclaimed still take the observation (the breaker is detached
+// and changes nothing), with overrides in place, without a panic.
+func TestObservingAReclaimedBreaker(t *testing.T) {
+	r, clock, _ := newTestRegistry(t, rulesYAML, Options{MaxBreakersPerRule: 1, Metrics: prometheus.NewRegistry()})
+	const rule = "breaker.destination_cluster"
+	r.SetOverride(rule, "destination_cluster=elsewhere", ForceClosed)
+	obs := Observation{Cluster: "junk-1", Status: 500}
+	targets := r.Targets(nil, &obs)
+	if len(targets) == 0 {
+		t.Fatal("no target for junk-1")
+	}
+	clock.Advance(s)
+	r.Observe(Observation{Cluster: "junk-2", Status: 500}) // takes junk-1's slot
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("observing a reclaimed breaker panicked: %v", p)
+			}
+		}()
+		r.ObserveTargets(targets, obs)
+	}()
+	var resources []string
+	for _, b := range r.Snapshot() {
+		if b.Rule == rule {
+			resources = append(resources, b.Resource)
+		}
+	}
+	if got := strings.Join(resources, " "); got != "destination_cluster=junk-2" {
+		t.Errorf("breakers of %s: %q, want only junk-2's", rule, got)
 	}
 }
