@@ -3,9 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,20 +14,9 @@ import (
 // sentinel (password-protected, REDIS_SENTINEL_AUTH) and counts there.
 func TestSentinel(t *testing.T) {
 	master := redistest.Start(t)
-	port := redistest.FreePort(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf")
-	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nrequirepass spw\nsentinel monitor mymaster 127.0.0.1 %d 1\n", port, dir, master.Port)
-	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("redis-server", conf, "--sentinel")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sentinel := redistest.StartSentinel(t, "requirepass spw", fmt.Sprintf("sentinel monitor mymaster 127.0.0.1 %d 1", master.Port))
 
-	st := settingsFor(fmt.Sprintf("127.0.0.1:%d", port))
+	st := settingsFor(sentinel.Addr())
 	st.Topology, st.MasterName = Sentinel, "mymaster"
 	st.SentinelPassword = "spw"
 	s := newTestStore(t, st, Options{})
@@ -63,23 +49,12 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	master := redistest.Start(t)
 	replica := redistest.Start(t, "--replicaof", "127.0.0.1", fmt.Sprint(master.Port))
-	port := redistest.FreePort(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "sentinel.conf")
-	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
-		"sentinel monitor mymaster 127.0.0.1 %d 1\n"+
-		"sentinel down-after-milliseconds mymaster 300\n"+
-		"sentinel failover-timeout mymaster 2000\n", port, dir, master.Port)
-	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("redis-server", conf, "--sentinel")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	sentinel := redistest.StartSentinel(t,
+		fmt.Sprintf("sentinel monitor mymaster 127.0.0.1 %d 1", master.Port),
+		"sentinel down-after-milliseconds mymaster 300",
+		"sentinel failover-timeout mymaster 2000")
 
-	st := settingsFor(fmt.Sprintf("127.0.0.1:%d", port))
+	st := settingsFor(sentinel.Addr())
 	st.Topology, st.MasterName = Sentinel, "mymaster"
 	st.Timeout = time.Second
 	s := newTestStore(t, st, Options{})

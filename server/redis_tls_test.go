@@ -2,11 +2,8 @@ package server
 
 import (
 	"context"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +35,6 @@ func writeCert(t *testing.T, ca *TestCA, dir, name, dnsName string) (certFile, k
 // TestRedisTLS: the REDIS_TLS* settings against a real redis-server with
 // TLS: CA, client certificate, host-name check on and off, missing files.
 func TestRedisTLS(t *testing.T) {
-	redistest.Need(t)
 	dir := t.TempDir()
 	ca := NewTestCA(t, "leapgate test CA")
 	caFile := filepath.Join(dir, "ca.pem")
@@ -52,26 +48,7 @@ func TestRedisTLS(t *testing.T) {
 	serverCert, serverKey := writeCert(t, ca, dir, "server", "redis.invalid")
 	clientCert, clientKey := writeCert(t, ca, dir, "client", "leapgate")
 
-	port := redistest.FreePort(t)
-	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", serverCert, "--tls-key-file", serverKey, "--tls-ca-cert-file", caFile,
-		"--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server with TLS did not start: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	addr := redistest.StartTLS(t, serverCert, serverKey, caFile).Addr()
 
 	sp, err := window.NewSpec(time.Second, 1)
 	if err != nil {

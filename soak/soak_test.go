@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -237,9 +236,7 @@ func request(descs ...[2]string) *rlsv3.RateLimitRequest {
 
 // TestSoak is the soak described in the package comment.
 func TestSoak(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed: install it (Debian/Ubuntu: apt-get install -y redis-server; macOS: brew install redis) or run scripts/test.sh, which installs it")
-	}
+	redistest.Need(t)
 	d := defaultDuration
 	if v := os.Getenv("SOAK_DURATION"); v != "" {
 		var err error

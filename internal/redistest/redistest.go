@@ -5,9 +5,12 @@
 package redistest
 
 import (
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +27,11 @@ type Server struct {
 	Dir  string
 	args []string
 	cmd  *exec.Cmd
+	// conf is a sentinel's configuration file (StartSentinel); tls says
+	// the port speaks TLS only (StartTLS), so readiness is a connection
+	// accepted rather than a PING answered.
+	conf string
+	tls  bool
 }
 
 // Need skips the test when redis-server is not installed.
@@ -53,6 +61,39 @@ func StartOn(t testing.TB, port int, args ...string) *Server {
 	return s
 }
 
+// StartSentinel starts redis-server in sentinel mode on a free loopback
+// port, its configuration file made of the port, the address, the data
+// directory and lines (for example "sentinel monitor mymaster 127.0.0.1
+// 6379 1", "requirepass pw"), and waits until it answers. It is killed
+// when the test ends.
+func StartSentinel(t testing.TB, lines ...string) *Server {
+	t.Helper()
+	Need(t)
+	s := &Server{t: t, Port: FreePort(t), Dir: t.TempDir()}
+	s.conf = filepath.Join(s.Dir, "sentinel.conf")
+	cfg := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n%s\n", s.Port, s.Dir, strings.Join(lines, "\n"))
+	if err := os.WriteFile(s.conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.Restart()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// StartTLS starts redis-server serving TLS only on a free loopback port,
+// with the given certificate, key and CA files (clients must then present
+// a certificate the CA signed) and args, and waits until the port accepts
+// connections. It is killed when the test ends.
+func StartTLS(t testing.TB, certFile, keyFile, caFile string, args ...string) *Server {
+	t.Helper()
+	Need(t)
+	s := &Server{t: t, Port: FreePort(t), Dir: t.TempDir(), tls: true,
+		args: append([]string{"--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-ca-cert-file", caFile}, args...)}
+	s.Restart()
+	t.Cleanup(s.Kill)
+	return s
+}
+
 // Addr returns host:port.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
 
@@ -61,14 +102,28 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
 // answers PING.
 func (s *Server) Restart() {
 	s.t.Helper()
-	args := append([]string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.Dir}, s.args...)
-	s.cmd = exec.Command("redis-server", args...)
+	var args []string
+	switch {
+	case s.conf != "":
+		args = []string{s.conf, "--sentinel"}
+	case s.tls:
+		args = []string{"--port", "0", "--tls-port", strconv.Itoa(s.Port)}
+	default:
+		args = []string{"--port", strconv.Itoa(s.Port)}
+	}
+	if s.conf == "" {
+		args = append(args, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", s.Dir)
+	}
+	s.cmd = exec.Command("redis-server", append(args, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("starting redis-server: %v", err)
 	}
+	ready := func() bool { return answers(s.Addr(), s.cmd.Process.Pid) }
+	if s.tls {
+		ready = func() bool { return accepts(s.Addr()) }
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !answers(s.Addr(), s.cmd.Process.Pid) {
+	for !ready() {
 		if time.Now().After(deadline) {
 			s.t.Fatalf("redis-server (pid %d) on %s did not answer within 10s (port taken by another process?)", s.cmd.Process.Pid, s.Addr())
 		}
@@ -108,6 +163,16 @@ func FreePorts(t testing.TB, n int) []int {
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
 	return ports
+}
+
+// accepts reports whether something accepts connections on addr.
+func accepts(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // answers reports whether the Redis on addr is ready and is process pid: it
