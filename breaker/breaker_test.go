@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 )
 
 const (
@@ -21,11 +22,7 @@ const (
 // and applies the defaults).
 func mustConfig(t testing.TB, block string) Config {
 	t.Helper()
-	set, err := descriptors.Parse([]descriptors.File{{Name: "b.yaml", Data: []byte(
-		"domain: b\ndescriptors:\n  - key: k\n    circuit_breaker: {" + block + "}\n")}}, descriptors.Options{})
-	if err != nil {
-		t.Fatalf("circuit_breaker {%s}: %v", block, err)
-	}
+	set := ruletest.Parse(t, descriptors.Options{}, "domain: b\ndescriptors:\n  - key: k\n    circuit_breaker: {"+block+"}\n")
 	return Config{Breaker: *set.Rule("b.k").Breaker}
 }
 

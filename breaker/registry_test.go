@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 
 	"github.com/leapgate/leapgate/internal/testclock"
 )
@@ -59,11 +60,7 @@ descriptors:
 
 func parseSet(t testing.TB, yaml string) *descriptors.Set {
 	t.Helper()
-	set, err := descriptors.Parse([]descriptors.File{{Name: "rules.yaml", Data: []byte(yaml)}}, descriptors.Options{})
-	if err != nil {
-		t.Fatalf("parse rules: %v", err)
-	}
-	return set
+	return ruletest.Parse(t, descriptors.Options{}, yaml)
 }
 
 func newTestRegistry(t testing.TB, yaml string, opts Options) (*Registry, *testclock.Clock, *descriptors.Set) {

@@ -24,6 +24,7 @@ import (
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/internal/envoyhdr"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/service"
 	"github.com/leapgate/leapgate/window"
 
@@ -144,10 +145,7 @@ func startBreakerEnv(t testing.TB, realTime bool) *breakerEnv {
 		t.Fatal(err)
 	}
 	e.reg = reg
-	e.set, err = descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}}, descriptors.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.set = ruletest.Parse(t, descriptors.Options{}, breakerRules)
 	if err := reg.SetRules(e.set); err != nil {
 		t.Fatal(err)
 	}

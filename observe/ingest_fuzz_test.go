@@ -17,6 +17,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 
 	"github.com/leapgate/leapgate/internal/testclock"
 )
@@ -34,10 +35,7 @@ func fuzzRegistry(f *testing.F) *breaker.Registry {
 	if err != nil {
 		f.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "breakers.yaml", Data: []byte(breakerRules)}}, descriptors.Options{})
-	if err != nil {
-		f.Fatal(err)
-	}
+	set := ruletest.Parse(f, descriptors.Options{}, breakerRules)
 	if err := reg.SetRules(set); err != nil {
 		f.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/leapgate/leapgate/descriptors"
 	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/service"
 )
 
@@ -52,10 +53,7 @@ func BenchmarkShouldRateLimitRedis(b *testing.B) {
 	store := newTestStore(b, st, Options{HealthInterval: time.Hour})
 	waitHealthy(b, store)
 	rt := countRoundTrips(store)
-	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(benchRules)}}, descriptors.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := ruletest.Parse(b, descriptors.Options{}, benchRules)
 	svc, err := service.New(service.Options{Limiter: store, Registry: prometheus.NewRegistry()})
 	if err != nil {
 		b.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 )
 
 // costOf is the most the latest token bucket for bucket admits in w
@@ -176,11 +177,8 @@ func TestReloadReachesAssignmentsWithinATick(t *testing.T) {
 		limit    int
 		min, max float64
 	}{{100, 90, 100}, {1000, 950, 1000}} {
-		set, err := descriptors.Parse([]descriptors.File{{Name: "r.yaml", Data: []byte(
-			"domain: web\ndescriptors:\n  - key: name\n    value: api\n    rate_limit: {unit: second, requests_per_unit: " + itoa(tt.limit) + "}\n")}}, descriptors.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		set := ruletest.Parse(t, descriptors.Options{},
+			"domain: web\ndescriptors:\n  - key: name\n    value: api\n    rate_limit: {unit: second, requests_per_unit: "+itoa(tt.limit)+"}\n")
 		h.server.SetRules(set)
 		h.clock.Advance(500 * time.Millisecond)
 		h.server.Tick(context.Background())

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/internal/testclock"
 )
 
@@ -31,11 +32,7 @@ func newBenchFleet(b *testing.B, streams, buckets int) *benchFleet {
 	if err != nil {
 		b.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "r.yaml", Data: []byte(testRules)}}, descriptors.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s.SetRules(set)
+	s.SetRules(ruletest.Parse(b, descriptors.Options{}, testRules))
 	s.learnUntil = 0
 	f.server = s
 	var ids []*rlqspb.BucketId

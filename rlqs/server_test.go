@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/internal/testclock"
 )
 
@@ -64,11 +65,7 @@ func newHarness(t *testing.T, opts Options, rules string) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "rules.yaml", Data: []byte(rules)}}, descriptors.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SetRules(set)
+	s.SetRules(ruletest.Parse(t, descriptors.Options{}, rules))
 	h.server = s
 	return h
 }

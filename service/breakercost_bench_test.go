@@ -11,6 +11,7 @@ import (
 
 	"github.com/leapgate/leapgate/breaker"
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -36,10 +37,7 @@ descriptors:
 //   - breaker_only: a value-less destination_cluster rule carrying only a
 //     circuit_breaker (one breaker per cluster), the stage-1 descriptor.
 func BenchmarkShouldRateLimitBreakerCost(b *testing.B) {
-	set, err := descriptors.Parse([]descriptors.File{{Name: "bench.yaml", Data: []byte(breakerBenchRules)}}, descriptors.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := ruletest.Parse(b, descriptors.Options{}, breakerBenchRules)
 	mkReq := func(kv ...string) *rlsv3.RateLimitRequest {
 		d := &rlcommonv3.RateLimitDescriptor{}
 		for i := 0; i+1 < len(kv); i += 2 {

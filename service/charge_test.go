@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/window"
 )
 
@@ -87,11 +88,7 @@ func TestChargeAlwaysAnswers(t *testing.T) {
 // without it, a refused charge records nothing.
 func TestDefaultCharge(t *testing.T) {
 	for _, always := range []bool{false, true} {
-		set, err := descriptors.Parse([]descriptors.File{{Name: "r.yaml", Data: []byte(defaultWindowRules)}}, descriptors.Options{ChargeAlways: always})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := newHarness(t, set, nil)
+		h := newHarness(t, ruletest.Parse(t, descriptors.Options{ChargeAlways: always}, defaultWindowRules), nil)
 		resp, err := h.call(req("d", with(desc("small", "x"), hits(5))))
 		if err != nil || resp.Statuses[0].Code != codeOver {
 			t.Fatalf("charge always %v: 5 against 3: %v, %v", always, resp, err)

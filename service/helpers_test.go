@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 	"github.com/leapgate/leapgate/window"
 
 	"github.com/leapgate/leapgate/internal/testclock"
@@ -105,15 +106,7 @@ descriptors:
 
 func mustParse(t testing.TB, docs ...string) *descriptors.Set {
 	t.Helper()
-	var files []descriptors.File
-	for i, d := range docs {
-		files = append(files, descriptors.File{Name: "rules" + string(rune('a'+i)) + ".yaml", Data: []byte(d)})
-	}
-	set, err := descriptors.Parse(files, descriptors.Options{DefaultBuckets: testBuckets})
-	if err != nil {
-		t.Fatalf("parse rules: %v", err)
-	}
-	return set
+	return ruletest.Parse(t, descriptors.Options{DefaultBuckets: testBuckets}, docs...)
 }
 
 // fakeBreakers refuses the rules whose IDs are listed, with a retry time,

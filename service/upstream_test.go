@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leapgate/leapgate/descriptors"
+	"github.com/leapgate/leapgate/internal/ruletest"
 )
 
 // The tests in this file play the quota-mode tests of envoyproxy/ratelimit's
@@ -31,11 +32,7 @@ func upstreamQuotaRules(t *testing.T) *descriptors.Set {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "upstream_quota.yaml", Data: data}}, descriptors.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return set
+	return ruletest.ParseFiles(t, descriptors.Options{}, descriptors.File{Name: "upstream_quota.yaml", Data: data})
 }
 
 func TestUpstreamQuotaMode(t *testing.T) {
@@ -151,11 +148,7 @@ func TestUpstreamDomainNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := descriptors.Parse([]descriptors.File{{Name: "basic_config.yaml", Data: data}}, descriptors.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, set, nil)
+	h := newHarness(t, ruletest.ParseFiles(t, descriptors.Options{}, descriptors.File{Name: "basic_config.yaml", Data: data}), nil)
 	vec := h.svc.metrics.domainNotFound.vec
 	if got := testutil.ToFloat64(vec.WithLabelValues("foo_domain")); got != 0 {
 		t.Fatalf("before: %v", got)
