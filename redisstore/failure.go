@@ -44,7 +44,7 @@ func (s *Store) failed(ctx context.Context, reqs []window.Request, results []win
 			}
 		}
 		if recorded {
-			s.lastLocal.Store(int64(s.clock.Now()))
+			s.lastLocal.Store(max(int64(s.clock.Now()), 1)) // 0 is never
 		}
 		return local, nil
 	default:
