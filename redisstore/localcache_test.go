@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +143,57 @@ func TestOverLimitCacheBounded(t *testing.T) {
 	c.put(string(make([]byte, maxBytes)), 0, time.Second, 1, 1, 0) // larger than the cache
 	if n, _ := c.len(); n != 0 {
 		t.Fatalf("an oversized key was cached")
+	}
+}
+
+// TestOverLimitCacheEdges: the bound and the shrink at their edges, with
+// entries of 300 bytes (a 220-byte key and the overhead).
+func TestOverLimitCacheEdges(t *testing.T) {
+	key := func(c byte) string { return string(c) + strings.Repeat("x", 300-entryOverhead-1) }
+	const now = time.Minute
+	count := func(c *overLimitCache) int { n, _ := c.len(); return n }
+
+	c := newOverLimitCache(300)
+	c.put("k", now, 0, 10, 1, 0)
+	if count(c) != 0 {
+		t.Error("a refusal with no time to wait was cached")
+	}
+	c.put(key('a'), now, time.Second, 10, 1, 0) // exactly the bound
+	if count(c) != 1 {
+		t.Error("an entry of exactly the bound was not cached")
+	}
+	c.put(key('a')+"y", now, time.Second, 10, 1, 0) // one byte over
+	if _, _, ok := c.get(key('a')+"y", now, 10, 1); ok {
+		t.Error("an entry over the bound was cached")
+	}
+
+	// Full to the byte: nothing is dropped (ten entries of 100 bytes).
+	c = newOverLimitCache(1000)
+	for i := range 10 {
+		c.put(fmt.Sprintf("%020d", i), now, time.Second, 10, 1, 0)
+	}
+	if count(c) != 10 {
+		t.Errorf("%d entries filling the bound exactly, want 10", count(c))
+	}
+
+	// Over the bound: entries expiring at now are dropped first, and then
+	// nothing else is needed.
+	c = newOverLimitCache(900)
+	for _, k := range []byte("abc") {
+		c.put(key(k), 0, now, 10, 1, 0) // until exactly now
+	}
+	c.put(key('d'), now, time.Second, 10, 1, 0)
+	if count(c) != 1 {
+		t.Errorf("%d entries after a shrink with 3 expired at now, want 1 (the new one)", count(c))
+	}
+
+	// No expired entry: arbitrary ones go until at most 3/4 is used.
+	c = newOverLimitCache(1200)
+	for _, k := range []byte("abcd") {
+		c.put(key(k), now, time.Second, 10, 1, 0)
+	}
+	c.put(key('e'), now, time.Second, 10, 1, 0) // 1500 > 1200: down to 900, then the new one
+	if n, b := c.len(); n != 4 || b != 1200 {
+		t.Errorf("%d entries, %d bytes after a shrink, want 4 and 1200 (3/4 kept, then the new one)", n, b)
 	}
 }
