@@ -177,3 +177,32 @@ func TestBlocks(t *testing.T) {
 // isTimeout reports whether err is a deadline (a call to a Redis that
 // just died, before the health check noticed).
 func isTimeout(err error) bool { return errors.Is(err, context.DeadlineExceeded) }
+
+// TestReserverSettings: Reservation 0 (or less) takes no blocks, a
+// ReservationKeys of 0 is the default, and a block lasts Reservation but
+// at most 1/32 of its window.
+func TestReserverSettings(t *testing.T) {
+	s := &Store{}
+	for _, v := range []time.Duration{0, -time.Second} {
+		if rv := newReserver(s, v, 10); rv != nil {
+			t.Errorf("Reservation %v: blocks taken, want none", v)
+		}
+	}
+	for _, tt := range []struct{ keys, perShard int }{
+		{0, DefaultReservationKeys / reserveShards}, {-1, DefaultReservationKeys / reserveShards},
+		{1, 1}, {64 * 10, 10},
+	} {
+		if got := newReserver(s, time.Second, tt.keys).maxKeys; got != tt.perShard {
+			t.Errorf("ReservationKeys %d: %d keys per shard, want %d", tt.keys, got, tt.perShard)
+		}
+	}
+	rv := newReserver(s, 2*time.Second, 0)
+	for _, tt := range []struct {
+		window time.Duration
+		want   time.Duration
+	}{{time.Second, time.Second / 32}, {64 * time.Second, 2 * time.Second}, {time.Hour, 2 * time.Second}} {
+		if got := rv.validFor(mustSpec(t, tt.window, 1)); got != tt.want {
+			t.Errorf("a block of a %v window lasts %v, want %v", tt.window, got, tt.want)
+		}
+	}
+}
