@@ -1,0 +1,63 @@
+package redisstore
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leapgate/leapgate/internal/redistest"
+	"github.com/leapgate/leapgate/window"
+)
+
+// TestClientOptions: the go-redis client never retries a call (a retried
+// script call could count its hits twice), and Timeout and PoolSize of 0
+// are their defaults.
+func TestClientOptions(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		opts    Options
+		timeout time.Duration
+		pool    int
+	}{
+		{"defaults", Options{Addrs: []string{"127.0.0.1:1"}}, DefaultTimeout, DefaultPoolSize},
+		{"set", Options{Addrs: []string{"127.0.0.1:1"}, Timeout: time.Second, PoolSize: 3}, time.Second, 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := newClient(tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			o := c.(*redis.Client).Options()
+			if o.MaxRetries != 0 || o.ReadTimeout != tt.timeout || o.DialTimeout != tt.timeout || o.PoolSize != tt.pool {
+				t.Errorf("retries %d, timeouts %v/%v, pool %d; want 0, %v, %d", o.MaxRetries, o.ReadTimeout, o.DialTimeout, o.PoolSize, tt.timeout, tt.pool)
+			}
+		})
+	}
+	c, _, err := newClient(Options{Topology: Cluster, Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n := c.(*redis.ClusterClient).Options().MaxRetries; n > 0 {
+		t.Errorf("cluster client retries %d times, want none (0 or -1)", n)
+	}
+}
+
+// TestUnixSocket: Network "unix" reaches a redis-server on its socket.
+func TestUnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "redis.sock")
+	redistest.Start(t, "--unixsocket", sock)
+	st := settingsFor(sock)
+	st.Network = "unix"
+	s := newTestStore(t, st, Options{})
+	waitHealthy(t, s)
+	res, err := s.Do(context.Background(), []window.Request{{Key: "unix", Spec: mustSpec(t, time.Minute, 1), Limit: 1, Hits: 1}})
+	if err != nil || !res[0].Allowed || res[0].Bucket < 0 {
+		t.Fatalf("over a unix socket: %+v %v", res, err)
+	}
+}
