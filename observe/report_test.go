@@ -65,6 +65,17 @@ func TestReportValidation(t *testing.T) {
 		{`{"resource":"orders","response_time":"fast"}`, 400, "duration"},
 		{`{"resource":"orders","response_time":"-3s"}`, 400, "duration"},
 		{`{"resource":"orders","status":42}`, 400, "not an HTTP status"},
+		// Each bound at its edge, and just past it.
+		{`{"resource":"orders","response_time_ms":0}`, 204, ""},
+		{`{"resource":"orders","response_time_ms":-0.001}`, 400, "non-negative"},
+		{`{"resource":"orders","response_time_ms":9223372036854}`, 204, ""},
+		{`{"resource":"orders","response_time_ms":9223372036855}`, 400, "non-negative"},
+		{`{"resource":"orders","response_time":"0s"}`, 204, ""},
+		{`{"resource":"orders","response_time":"-1ns"}`, 400, "duration"},
+		{`{"resource":"orders","status":100}`, 204, ""},
+		{`{"resource":"orders","status":99}`, 400, "not an HTTP status"},
+		{`{"resource":"orders","status":599}`, 204, ""},
+		{`{"resource":"orders","status":600}`, 400, "not an HTTP status"},
 		{`{"resource":"orders","status":"200"}`, 400, "invalid JSON"},
 	}
 	for _, tt := range tests {
