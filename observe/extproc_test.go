@@ -483,8 +483,17 @@ func TestExtProcInFlightSlow(t *testing.T) {
 	if st := e.stats(slowRule); st.Total != 0 {
 		t.Fatalf("counted before max_response_time: %+v", st.Stats)
 	}
+	// At exactly the max: not slow yet ("slow" is strictly above it).
+	e.clock.Advance(40 * time.Millisecond)
+	tm.ch <- time.Time{}
+	if tm = e.nextTimer(); tm.d != 1 {
+		t.Fatalf("at the max, re-armed for %v, want 1ns", tm.d)
+	}
+	if st := e.stats(slowRule); st.Total != 0 {
+		t.Fatalf("counted at exactly max_response_time: %+v", st.Stats)
+	}
 	// Past the max: counted as slow at once, while the request is open.
-	e.clock.Advance(50 * time.Millisecond)
+	e.clock.Advance(10 * time.Millisecond)
 	tm.ch <- time.Time{}
 	e.eventually("the in-flight request to count as slow", func() bool { return e.stats(slowRule).Failed == 1 })
 	// Its response, much later, is not counted again.
