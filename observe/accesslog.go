@@ -3,7 +3,6 @@ package observe
 import (
 	"errors"
 	"io"
-	"log/slog"
 	"strings"
 
 	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
@@ -47,17 +46,12 @@ type AccessLog struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 
 	reg *breaker.Registry
-	log *slog.Logger
 }
 
 // NewAccessLog returns the access-log handler feeding opts.Registry (Clock
 // and After are not used: entries come with their own timings).
 func NewAccessLog(opts Options) *AccessLog {
-	logger := opts.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	return &AccessLog{reg: opts.Registry, log: logger}
+	return &AccessLog{reg: opts.Registry}
 }
 
 // StreamAccessLogs consumes one access-log stream until Envoy closes it.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,7 +70,6 @@ type ExtProc struct {
 
 	reg     *breaker.Registry
 	clock   window.Clock
-	log     *slog.Logger
 	after   func(time.Duration) <-chan time.Time
 	headers []string // request headers the registry's mapping uses
 }
@@ -79,12 +77,9 @@ type ExtProc struct {
 // NewExtProc returns the ext_proc handler feeding opts.Registry.
 func NewExtProc(opts Options) *ExtProc {
 	registry := opts.Registry
-	p := &ExtProc{reg: registry, clock: opts.Clock, log: opts.Logger, after: opts.After}
+	p := &ExtProc{reg: registry, clock: opts.Clock, after: opts.After}
 	if p.clock == nil {
 		p.clock = registry.Clock()
-	}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
 	}
 	if p.after == nil {
 		p.after = time.After

@@ -1,7 +1,6 @@
 package observe
 
 import (
-	"log/slog"
 	"time"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
@@ -20,9 +19,6 @@ type Options struct {
 	Registry *breaker.Registry
 	// Clock times ext_proc requests; if nil, the Registry's clock.
 	Clock window.Clock
-	// Logger receives malformed streams and entries; if nil, they are
-	// discarded.
-	Logger *slog.Logger
 	// After returns a channel that receives once d has passed: the timer
 	// that notices an ext_proc request still waiting past its breaker's
 	// max_response_time; if nil, time.After. With Clock it lets the

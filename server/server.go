@@ -208,8 +208,8 @@ func (s *Server) buildGRPC() error {
 	// one more line here.
 	services := []grpcservice.Service{
 		s.service.GRPC(),
-		observe.ExtProcService(observe.Options{Registry: s.breakers, Clock: s.clock, Logger: s.logger, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
-		observe.AccessLogService(observe.Options{Registry: s.breakers, Logger: s.logger, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
+		observe.ExtProcService(observe.Options{Registry: s.breakers, Clock: s.clock, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
+		observe.AccessLogService(observe.Options{Registry: s.breakers, StreamIdle: s.settings.ObservationStreamIdleTimeout}),
 	}
 	budgets := []streamBudget{{
 		name: observe.StreamBudget, what: "ext_proc and access-log", max: s.settings.MaxObservationStreams,
