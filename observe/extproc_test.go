@@ -48,6 +48,18 @@ descriptors:
           open_duration: 5s
           half_open_probes: 2
           probe_timeout: 2s
+      - key: destination_cluster
+        value: dual
+        circuit_breaker:
+          strategy: slow_request_ratio
+          threshold: 0.5
+          max_response_time: 300ms
+  - key: destination_cluster
+    value: dual
+    circuit_breaker:
+      strategy: slow_request_ratio
+      threshold: 0.5
+      max_response_time: 100ms
   - key: destination_cluster
     value: orders
     circuit_breaker:
@@ -511,6 +523,34 @@ func TestExtProcInFlightSlow(t *testing.T) {
 	case tm := <-e.timers:
 		t.Errorf("timer re-armed after the only breaker counted: %v", tm.d)
 	default:
+	}
+}
+
+// TestExtProcArmsTheEarliestMax: a request two timed breakers watch arms
+// its timer for the earlier max_response_time, then for the later one.
+func TestExtProcArmsTheEarliestMax(t *testing.T) {
+	e := newBreakerEnv(t)
+	stream, err := e.extProc().Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(requestHeaders("checkout", "dual", true)); err != nil {
+		t.Fatal(err)
+	}
+	tm := e.nextTimer()
+	if tm.d != 100*time.Millisecond+1 {
+		t.Fatalf("timer armed for %v, want just past the earlier max, 100ms", tm.d)
+	}
+	e.clock.Advance(100*time.Millisecond + 1)
+	tm.ch <- time.Time{}
+	if tm = e.nextTimer(); tm.d != 200*time.Millisecond {
+		t.Fatalf("re-armed for %v, want just past the later max, 300ms (200ms on)", tm.d)
+	}
+	if err := stream.Send(responseHeaders("200", true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("Recv: %v", err)
 	}
 }
 
