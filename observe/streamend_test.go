@@ -30,7 +30,7 @@ type endingExtProcStream struct {
 }
 
 func (s endingExtProcStream) Recv() (*extprocv3.ProcessingRequest, error) { return nil, s.err }
-func (s endingExtProcStream) Context() context.Context                   { return context.Background() }
+func (s endingExtProcStream) Context() context.Context                    { return context.Background() }
 
 // TestStreamEnds: a stream Envoy cancels (it closes streams that way when
 // it shuts down or reconnects) ends the handler without an error; any
