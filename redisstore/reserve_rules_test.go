@@ -1,0 +1,183 @@
+package redisstore
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/leapgate/leapgate/window"
+)
+
+// The rules of a replica's blocks, on hand-made blocks (no Redis): how big
+// a block is wanted, when a key is far enough from its limit, when a block
+// may answer, what its answers say, when it is topped up, and which keys
+// are tracked. TestBlocks and TestReservationsNeverOvershootAWindow test
+// the same end to end.
+
+const sec = time.Second
+
+// testReserver is a reserver with 2 s blocks on a store without Redis.
+func testReserver(t *testing.T, keys int) *reserver {
+	t.Helper()
+	return newReserver(&Store{}, 2*sec, keys)
+}
+
+func TestBlockWant(t *testing.T) {
+	const v = 2 * sec
+	for _, tt := range []struct {
+		demand     uint64
+		since, now time.Duration
+		want       uint64
+	}{
+		{100, 0, 2 * sec, 200},                 // twice the demand per validity
+		{100, 0, 4 * sec, 100},                 // over twice the validity
+		{100, 0, 100 * time.Millisecond, 1600}, // at least v/8 of elapsed time
+		{100, 10 * sec, 12 * sec, 200},         // since the last call, not since 0
+		{1, 0, 2 * sec, resMin},                // at least the smallest grant
+		{0, 0, 0, resMin},
+	} {
+		b := &block{demand: tt.demand, since: tt.since}
+		if got := b.want(v, tt.now); got != tt.want {
+			t.Errorf("demand %d over %v: want %d, expected %d", tt.demand, tt.now-tt.since, got, tt.want)
+		}
+	}
+}
+
+func TestFarFromLimit(t *testing.T) {
+	const w, v = 64 * sec, 2 * sec // a window is 32 validities
+	for _, tt := range []struct {
+		remaining, want uint64
+		far             bool
+	}{
+		{32, 2, true},   // 2 × 32 = 64 = 2 × 32 left; 32/8 = 4 = resMin
+		{32, 3, false},  // 96 > 64
+		{31, 1, false},  // an eighth is below the smallest grant
+		{320, 20, true}, // 640 = 640
+		{320, 21, false},
+	} {
+		if got := farFromLimit(tt.remaining, tt.want, w, v); got != tt.far {
+			t.Errorf("remaining %d, want %d: far %t, expected %t", tt.remaining, tt.want, got, tt.far)
+		}
+	}
+}
+
+func TestBlockSpendable(t *testing.T) {
+	sp := mustSpec(t, 64*sec, 1)
+	b := &block{holder: 1, deadline: 10 * sec, limit: 100, spec: sp}
+	for _, tt := range []struct {
+		name string
+		r    window.Request
+		now  time.Duration
+		ok   bool
+	}{
+		{"before the deadline", window.Request{Limit: 100, Spec: sp}, 10*sec - 1, true},
+		{"at the deadline", window.Request{Limit: 100, Spec: sp}, 10 * sec, false},
+		{"another limit", window.Request{Limit: 101, Spec: sp}, 0, false},
+		{"another window", window.Request{Limit: 100, Spec: mustSpec(t, 32*sec, 1)}, 0, false},
+	} {
+		if got := b.spendable(&tt.r, tt.now); got != tt.ok {
+			t.Errorf("%s: spendable %t, want %t", tt.name, got, tt.ok)
+		}
+	}
+}
+
+// TestTakeAnswersAndTopsUp: an answer from a block says what Redis had
+// left plus the block, a reset of a window past the block's deadline, and
+// a top-up is asked for when a quarter of the wanted block is left or an
+// eighth of the validity, not before.
+func TestTakeAnswersAndTopsUp(t *testing.T) {
+	sp := mustSpec(t, 64*sec, 1)
+	const now = 100 * sec
+	for _, tt := range []struct {
+		name     string
+		avail    uint64
+		deadline time.Duration
+		hits     uint64
+		topUp    bool
+	}{
+		// demand 1 over 2 s: want 4, a quarter of it 1.
+		{"plenty left", 10, now + sec, 1, false},
+		{"a quarter left", 2, now + sec, 1, false},
+		{"below a quarter", 1, now + sec, 1, true},
+		{"all of it", 3, now + sec, 3, true},
+		{"an eighth of the validity to go", 10, now + sec/4, 1, false},
+		{"less", 10, now + sec/4 - 1, 1, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rv := testReserver(t, 0)
+			b := &block{holder: 1, spec: sp, limit: 1000, avail: tt.avail, remaining: 500, grantedAt: 7, deadline: tt.deadline, since: now - 2*sec}
+			rv.shard("k").keys["k"] = b
+			reqs := []window.Request{{Key: "k", Spec: sp, Limit: 1000, Hits: tt.hits}}
+			results := make([]window.Result, 1)
+			if !rv.take(reqs, []string{"k"}, now, results) {
+				t.Fatal("the block did not answer")
+			}
+			want := window.Result{Allowed: true, Recorded: true, Remaining: 500 + tt.avail - tt.hits,
+				Reset: 64*sec + tt.deadline - now, Bucket: blockBucket(7)}
+			if results[0] != want {
+				t.Errorf("answer %+v, want %+v", results[0], want)
+			}
+			if b.pending != tt.topUp {
+				t.Errorf("top-up asked %t, want %t", b.pending, tt.topUp)
+			}
+		})
+	}
+	// More hits than the block holds: not answered, nothing spent.
+	rv := testReserver(t, 0)
+	b := &block{holder: 1, spec: sp, limit: 1000, avail: 3, deadline: now + sec}
+	rv.shard("k").keys["k"] = b
+	if rv.take([]window.Request{{Key: "k", Spec: sp, Limit: 1000, Hits: 4}}, []string{"k"}, now, make([]window.Result, 1)) || b.avail != 3 {
+		t.Errorf("4 hits from a block of 3: answered, or %d left", b.avail)
+	}
+}
+
+// TestSawRemote: which answers of Redis make a key ask for a block.
+func TestSawRemote(t *testing.T) {
+	sp := mustSpec(t, 64*sec, 1)
+	const now = 100 * sec
+	r := &window.Request{Key: "k", Spec: sp, Limit: 1_000_000, Hits: 1}
+	far := &window.Result{Allowed: true, Remaining: 900_000}
+	for _, tt := range []struct {
+		name    string
+		b       block
+		ask     bool
+		remains uint64
+	}{
+		{"seen within the validity", block{since: now - sec, seen: now - sec, demand: 10}, true, 0},
+		{"seen a validity ago", block{since: now - 2*sec, seen: now - 2*sec, demand: 10}, false, 0},
+		{"at its retry time", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now}, true, 0},
+		{"before it", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now + 1}, false, 0},
+		{"held: Redis'sec remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5}, false, 900_000},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rv := testReserver(t, 0)
+			b := tt.b
+			sh := rv.shard("k")
+			sh.keys["k"] = &b
+			rv.sawOne(sh, r, far, "k", now)
+			if b.pending != tt.ask {
+				t.Errorf("block asked %t, want %t", b.pending, tt.ask)
+			}
+			if b.remaining != tt.remains {
+				t.Errorf("remaining %d, want %d", b.remaining, tt.remains)
+			}
+		})
+	}
+	// One key per shard (ReservationKeys 64): a second key of a shard is
+	// not tracked.
+	rv := testReserver(t, reserveShards)
+	first := "key-0"
+	for i := 1; ; i++ {
+		k := fmt.Sprint("key-", i)
+		if rv.shardIndex(k) != rv.shardIndex(first) {
+			continue
+		}
+		sh := rv.shard(first)
+		rv.sawOne(sh, r, far, first, now)
+		rv.sawOne(sh, r, far, k, now)
+		if len(sh.keys) != 1 || sh.keys[first] == nil {
+			t.Errorf("shard of 1 key tracks %d keys", len(sh.keys))
+		}
+		break
+	}
+}
