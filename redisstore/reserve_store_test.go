@@ -196,6 +196,22 @@ func TestReserverSettings(t *testing.T) {
 			t.Errorf("ReservationKeys %d: %d keys per shard, want %d", tt.keys, got, tt.perShard)
 		}
 	}
+	for _, tt := range []struct{ validity, sweep, grace time.Duration }{
+		{2 * time.Second, 250 * time.Millisecond, 2 * time.Second},     // a sweep every V/8; grace V
+		{4 * time.Millisecond, time.Millisecond, 4 * time.Millisecond}, // sweeps at most every 1 ms
+		{100 * time.Millisecond, 12500 * time.Microsecond, 100 * time.Millisecond},
+	} {
+		rv := newReserver(s, tt.validity, 0)
+		if got := rv.sweepEvery(); got != tt.sweep {
+			t.Errorf("validity %v: a sweep every %v, want %v", tt.validity, got, tt.sweep)
+		}
+		if got := rv.grace(tt.validity); got != tt.grace {
+			t.Errorf("validity %v: grace %v, want %v", tt.validity, got, tt.grace)
+		}
+		if got := rv.grace(time.Millisecond); got != 2*tt.sweep {
+			t.Errorf("validity %v: grace of a 1 ms block %v, want two sweeps, %v", tt.validity, got, 2*tt.sweep)
+		}
+	}
 	rv := newReserver(s, 2*time.Second, 0)
 	for _, tt := range []struct {
 		window time.Duration
