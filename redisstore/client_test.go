@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"path/filepath"
 	"testing"
 	"time"
@@ -59,5 +61,21 @@ func TestUnixSocket(t *testing.T) {
 	res, err := s.Do(context.Background(), []window.Request{{Key: "unix", Spec: mustSpec(t, time.Minute, 1), Limit: 1, Hits: 1}})
 	if err != nil || !res[0].Allowed || res[0].Bucket < 0 {
 		t.Fatalf("over a unix socket: %+v %v", res, err)
+	}
+}
+
+// TestHitsBeyondTheLimit: hits beyond window.MaxLimit (a hostile
+// hits_addend) are refused under the largest limit, not wrapped or cut
+// to fit.
+func TestHitsBeyondTheLimit(t *testing.T) {
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{})
+	waitHealthy(t, s)
+	sp := mustSpec(t, time.Minute, 1)
+	for _, hits := range []uint64{window.MaxLimit + 1, window.MaxLimit + 2, math.MaxUint64} {
+		res, err := s.Do(context.Background(), []window.Request{{Key: fmt.Sprint("huge-", hits), Spec: sp, Limit: window.MaxLimit, Hits: hits}})
+		if err != nil || res[0].Allowed {
+			t.Errorf("%d hits under a limit of %d: %+v %v, want refused", hits, uint64(window.MaxLimit), res, err)
+		}
 	}
 }
