@@ -97,6 +97,7 @@ func TestTakeAnswersAndTopsUp(t *testing.T) {
 	}{
 		// demand 1 over 2 s: want 4, a quarter of it 1.
 		{"plenty left", 10, now + sec, 1, false},
+		{"a check", 10, now + sec, 0, false}, // nothing recorded
 		{"a quarter left", 2, now + sec, 1, false},
 		{"below a quarter", 1, now + sec, 1, true},
 		{"all of it", 3, now + sec, 3, true},
@@ -112,7 +113,7 @@ func TestTakeAnswersAndTopsUp(t *testing.T) {
 			if !rv.take(reqs, []string{"k"}, now, results) {
 				t.Fatal("the block did not answer")
 			}
-			want := window.Result{Allowed: true, Recorded: true, Remaining: 500 + tt.avail - tt.hits,
+			want := window.Result{Allowed: true, Recorded: tt.hits > 0, Remaining: 500 + tt.avail - tt.hits,
 				Reset: 64*sec + tt.deadline - now, Bucket: blockBucket(7)}
 			if results[0] != want {
 				t.Errorf("answer %+v, want %+v", results[0], want)
