@@ -57,12 +57,15 @@ func TestTracing(t *testing.T) {
 	healthStatus(t, cc, "")
 
 	byName := map[string]tracetest.SpanStub{}
-	eventually(t, "the ext_proc stream's span", func() bool {
+	// A server span ends after its response is sent, so the client can
+	// see the answer before the span is exported: wait for both.
+	eventually(t, "the ShouldRateLimit and ext_proc spans", func() bool {
 		for _, s := range exp.GetSpans() {
 			byName[s.Name] = s
 		}
-		_, ok := byName["envoy.service.ext_proc.v3.ExternalProcessor/Process"]
-		return ok
+		_, ep := byName["envoy.service.ext_proc.v3.ExternalProcessor/Process"]
+		_, rls := byName["envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"]
+		return ep && rls
 	})
 	rls, ok := byName["envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"]
 	if !ok {
