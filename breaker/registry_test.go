@@ -246,13 +246,7 @@ func TestMaxBreakersPerRule(t *testing.T) {
 	if got := testutil.ToFloat64(r.metrics.dropped.WithLabelValues(rule)); got != 1 {
 		t.Errorf("dropped = %v, want 1", got)
 	}
-	var resources []string
-	for _, b := range r.Snapshot() {
-		if b.Rule == rule {
-			resources = append(resources, b.Resource)
-		}
-	}
-	if got := strings.Join(resources, " "); got != "destination_cluster=inventory destination_cluster=junk-3" {
+	if got := resourcesOf(r, rule); got != "destination_cluster=inventory destination_cluster=junk-3" {
 		t.Errorf("breakers of %s: %q", rule, got)
 	}
 	// Per-value breakers have no state series without detailed_metric:
@@ -292,13 +286,7 @@ func TestAbandonedOpenBreakersAreReclaimed(t *testing.T) {
 	if !isOpen("inventory") {
 		t.Fatal("inventory did not get a slot: abandoned open breakers squat them")
 	}
-	var resources []string
-	for _, b := range r.Snapshot() {
-		if b.Rule == rule {
-			resources = append(resources, b.Resource)
-		}
-	}
-	if got := strings.Join(resources, " "); got != "destination_cluster=inventory destination_cluster=junk-2" {
+	if got := resourcesOf(r, rule); got != "destination_cluster=inventory destination_cluster=junk-2" {
 		t.Errorf("breakers of %s: %q, want junk-1's slot reclaimed and junk-2's (observed 1s ago) kept", rule, got)
 	}
 	if got := testutil.ToFloat64(r.metrics.reclaimed.WithLabelValues(rule)); got != 1 {
@@ -840,13 +828,19 @@ func TestObservingAReclaimedBreaker(t *testing.T) {
 		}()
 		r.ObserveTargets(targets, obs)
 	}()
+	if got := resourcesOf(r, rule); got != "destination_cluster=junk-2" {
+		t.Errorf("breakers of %s: %q, want only junk-2's", rule, got)
+	}
+}
+
+// resourcesOf lists the resources of rule's breakers in r's Snapshot,
+// space-separated, in its order.
+func resourcesOf(r *Registry, rule string) string {
 	var resources []string
 	for _, b := range r.Snapshot() {
 		if b.Rule == rule {
 			resources = append(resources, b.Resource)
 		}
 	}
-	if got := strings.Join(resources, " "); got != "destination_cluster=junk-2" {
-		t.Errorf("breakers of %s: %q, want only junk-2's", rule, got)
-	}
+	return strings.Join(resources, " ")
 }
