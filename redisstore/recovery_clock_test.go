@@ -93,3 +93,52 @@ func TestLocalHitsCountAfterRecovery(t *testing.T) {
 		t.Errorf("after the second recovery: %d of 3 admitted with 4 local hits in the window, want 1", got)
 	}
 }
+
+// TestRefusalAfterRecoveryWaitsForLocalHits: a request refused soon after
+// an outage reports the later of two resets, Redis's and that of the hits
+// the local window admitted meanwhile. Redis stalls rather than crashes
+// here, so its hits from before the outage survive and, being older, leave
+// the window before the local ones: Redis alone would promise too early.
+func TestRefusalAfterRecoveryWaitsForLocalHits(t *testing.T) {
+	r := redistest.Start(t)
+	clock := &testclock.Clock{}
+	st := settingsFor(r.Addr())
+	st.FailureMode = FailLocal
+	st.Timeout = 200 * time.Millisecond
+	fallback := window.NewStore(window.StoreOptions{Clock: clock})
+	s := withFakeTime(newTestStore(t, st, Options{Fallback: fallback, Clock: clock, HealthInterval: 50 * time.Millisecond}), clock)
+	waitHealthy(t, s)
+	sp := mustSpec(t, time.Minute, 60)
+	ctx := context.Background()
+	req := []window.Request{{Key: "k", Spec: sp, Limit: 5, Hits: 1, Veto: true}}
+	do := func() window.Result {
+		t.Helper()
+		res, err := s.Do(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+
+	for range 3 { // Redis counts 3 at 0 s
+		if res := do(); !res.Allowed || res.Bucket < 0 {
+			t.Fatalf("before the outage: %+v", res)
+		}
+	}
+	r.Pause()
+	waitUnhealthy(t, s)
+	clock.Set(30 * time.Second)
+	for range 2 { // the local window counts 2 at 30 s
+		if res := do(); !res.Allowed || res.Bucket >= 0 {
+			t.Fatalf("during the outage: %+v", res)
+		}
+	}
+	r.Resume()
+	waitHealthy(t, s)
+	clock.Set(31 * time.Second)
+	// 3 in Redis + 2 local = 5: refused. Redis's hits leave at 60 s (29 s
+	// from now), the local ones at 90 s (59 s from now).
+	if res := do(); res.Allowed || res.Reset < 55*time.Second || res.Reset > time.Minute {
+		t.Errorf("after recovery: %+v, want a refusal with a reset of about 59 s", res)
+	}
+}

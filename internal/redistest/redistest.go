@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -140,6 +141,23 @@ func (s *Server) Kill() {
 	s.cmd.Process.Kill()
 	s.cmd.Wait()
 	s.cmd = nil
+}
+
+// Pause stops the process with SIGSTOP: it keeps its data and its
+// connections but answers nothing (a stall, not a crash) until Resume.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused process run again (SIGCONT).
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatal("redistest: the server is not running")
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: %v: %v", sig, err)
+	}
 }
 
 // FreePort returns a loopback port that was free a moment ago.
