@@ -101,6 +101,60 @@ func TestLocalCache(t *testing.T) {
 	}
 }
 
+// TestLocalCacheCharges: on a key the cache knows to be over its limit, a
+// charge (ChargeAlways with hits) still goes to Redis, which records it
+// whether it fits or not, while a check of 0 hits, which records nothing
+// even with ChargeAlways, is answered from the cache.
+func TestLocalCacheCharges(t *testing.T) {
+	r := redistest.Start(t)
+	clock := &testclock.Clock{}
+	st := settingsFor(r.Addr())
+	st.LocalCacheBytes = 1 << 16
+	s := withFakeTime(newTestStore(t, st, Options{Clock: clock, HealthInterval: time.Hour}), clock)
+	waitHealthy(t, s)
+	rt := countRoundTrips(s)
+	sp := mustSpec(t, time.Second, 10)
+	ctx := context.Background()
+	do := func(req window.Request) window.Result {
+		t.Helper()
+		res, err := s.Do(ctx, []window.Request{req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	hot := window.Request{Key: "hot", Spec: sp, Limit: 2, Hits: 2, Veto: true, ChargeAlways: true}
+	do(hot)
+	if res := do(hot); res.Allowed || !res.Recorded { // Redis refuses and records: cached
+		t.Fatalf("charge over the limit: %+v", res)
+	}
+
+	tests := []struct {
+		name       string
+		hits       uint64
+		roundTrips int64
+		recorded   bool
+	}{
+		{"a charge goes to Redis", 1, 1, true},
+		{"a check is answered by the cache", 0, 0, false},
+	}
+	for _, tt := range tests {
+		req := hot
+		req.Hits = tt.hits
+		before, cached := rt.n.Load(), testutil.ToFloat64(s.metrics.cacheHits)
+		res := do(req)
+		if res.Allowed || res.Recorded != tt.recorded {
+			t.Errorf("%s: %+v, want refused and Recorded %v", tt.name, res, tt.recorded)
+		}
+		if n := rt.n.Load() - before; n != tt.roundTrips {
+			t.Errorf("%s: %d round trips, want %d", tt.name, n, tt.roundTrips)
+		}
+		if hit := testutil.ToFloat64(s.metrics.cacheHits) - cached; hit != float64(1-tt.roundTrips) {
+			t.Errorf("%s: %v cache hits, want %d", tt.name, hit, 1-tt.roundTrips)
+		}
+	}
+}
+
 // TestOverLimitCacheBounded: the cache never exceeds its byte bound and
 // matches only requests it knows would fail.
 func TestOverLimitCacheBounded(t *testing.T) {
