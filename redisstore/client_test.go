@@ -2,12 +2,17 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
@@ -77,5 +82,50 @@ func TestHitsBeyondTheLimit(t *testing.T) {
 		if err != nil || res[0].Allowed {
 			t.Errorf("%d hits under a limit of %d: %+v %v, want refused", hits, uint64(window.MaxLimit), res, err)
 		}
+	}
+}
+
+// TestNewLogsSettings: New logs, before reaching Redis, the settings an
+// operator checks first: where it connects, whether with TLS, the key
+// prefix, what happens when Redis fails and the local cache's size.
+func TestNewLogsSettings(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts Options
+		want map[string]any
+	}{
+		{"plain", Options{Addrs: []string{"127.0.0.1:1"}},
+			map[string]any{"topology": "single", "tls": false, "key_prefix": "", "failure_mode": "error", "local_cache_bytes": 0.0}},
+		{"tls", Options{Addrs: []string{"127.0.0.1:1"}, TLS: &tls.Config{}, KeyPrefix: "lg:", FailureMode: FailDeny, LocalCacheBytes: 4096},
+			map[string]any{"tls": true, "key_prefix": "lg:", "failure_mode": "deny", "local_cache_bytes": 4096.0}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var logs syncBuffer
+			opts := tt.opts
+			opts.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+			opts.Registry = prometheus.NewRegistry()
+			opts.HealthInterval = time.Hour
+			s, err := New(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var line map[string]any
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "redis backend configured") {
+					if err := json.Unmarshal([]byte(l), &line); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if line == nil {
+				t.Fatalf("no configuration line in:\n%s", logs.String())
+			}
+			for k, v := range tt.want {
+				if line[k] != v {
+					t.Errorf("%s = %v (%T), want %v", k, line[k], line[k], v)
+				}
+			}
+		})
 	}
 }
