@@ -58,7 +58,7 @@ type reserver struct {
 	s        *Store
 	validity time.Duration
 	maxKeys  int // per shard
-	// base numbers this replica's blocks: base + a sequence, each block its
+	// base numbers this replica's blocks (see nextHolder): each block its
 	// own holder in Redis (an orphaned block never meets a later one).
 	base float64
 	seq  atomic.Uint64
@@ -131,7 +131,7 @@ func newReserver(s *Store, validity time.Duration, maxKeys int) *reserver {
 	_, _ = rand.Read(b[:])
 	rv := &reserver{
 		s: s, validity: validity, maxKeys: max(maxKeys/reserveShards, 1),
-		base:  float64(binary.LittleEndian.Uint32(b[:])) * (1 << 20),
+		base:  float64(binary.LittleEndian.Uint32(b[:])) * holderIDs,
 		seed:  maphash.MakeSeed(),
 		queue: make(chan string, 4*maxBatchCalls),
 	}
@@ -139,6 +139,19 @@ func newReserver(s *Store, validity time.Duration, maxKeys int) *reserver {
 		rv.shards[i].keys = map[string]*block{}
 	}
 	return rv
+}
+
+// holderIDs is how many holder ids a replica numbers its blocks with
+// before it uses one again.
+const holderIDs = 1 << 20
+
+// nextHolder returns the holder id of a new block: base plus 1 to
+// holderIDs. base is a random multiple of holderIDs, so replicas (unless
+// they drew the same base) never share an id, and one replica repeats an
+// id only after holderIDs blocks. Every id is a whole number below 2^53,
+// exact as a float64 and as a Lua number.
+func (rv *reserver) nextHolder() float64 {
+	return rv.base + float64(rv.seq.Add(1)%holderIDs+1)
 }
 
 // validFor is the validity of blocks of a counter of spec.

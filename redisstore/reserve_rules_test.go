@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -180,5 +181,37 @@ func TestSawRemote(t *testing.T) {
 			t.Errorf("shard of 1 key tracks %d keys", len(sh.keys))
 		}
 		break
+	}
+}
+
+// TestHolderIDs: a replica numbers its blocks base+1 to base+holderIDs,
+// wrapping after holderIDs blocks, with base a multiple of holderIDs, so
+// that the ranges of two replicas never overlap; every id is a whole,
+// nonzero number (0 is "no holder").
+func TestHolderIDs(t *testing.T) {
+	inRange := func(rv *reserver, id float64) bool {
+		return id == math.Trunc(id) && id > rv.base && id <= rv.base+holderIDs
+	}
+	for range 8 { // bases are random
+		rv := testReserver(t, 0)
+		if math.Mod(rv.base, holderIDs) != 0 || rv.base < 0 || rv.base+holderIDs >= 1<<53 {
+			t.Fatalf("base %v: want a multiple of %d below 2^53", rv.base, holderIDs)
+		}
+		seen := map[float64]bool{}
+		for range 1000 {
+			id := rv.nextHolder()
+			if !inRange(rv, id) || seen[id] {
+				t.Fatalf("base %v: id %v repeated or outside (base, base+%d]", rv.base, id, holderIDs)
+			}
+			seen[id] = true
+		}
+		// Around the wrap: the last id of the range, then its first.
+		rv.seq.Store(holderIDs - 2)
+		if got, want := rv.nextHolder(), rv.base+holderIDs; got != want {
+			t.Errorf("the %dth id %v, want %v", holderIDs-1, got, want)
+		}
+		if got, want := rv.nextHolder(), rv.base+1; got != want {
+			t.Errorf("the id after the wrap %v, want %v", got, want)
+		}
 	}
 }

@@ -107,7 +107,7 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 		}
 		op := reservation{key: k, b: b, holder: b.holder, used: float64(b.spent), giveBack: b.giveBack, sent: now}
 		if b.holder == 0 {
-			op.holder, op.used = rv.base+float64(rv.seq.Add(1)%(1<<20)+1), -1
+			op.holder, op.used = rv.nextHolder(), -1
 		}
 		v := rv.validFor(b.spec)
 		if !op.giveBack {
