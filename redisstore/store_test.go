@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leapgate/leapgate/internal/redistest"
@@ -508,4 +509,52 @@ func TestConcurrentCallsMerge(t *testing.T) {
 		t.Errorf("%d round trips for %d calls: nothing was merged", n, callers*each)
 	}
 	t.Logf("%d calls in %d round trips", callers*each, rt.n.Load())
+}
+
+// TestRedisErrorReplies: a call Redis answers with an error (here a
+// counter that another client overwrote with a string) fails, and counts in
+// leapgate_redis_errors_total for its operation; a call that succeeds
+// counts nothing. The undo script is the unmerged call, the allow script
+// the merged one.
+func TestRedisErrorReplies(t *testing.T) {
+	r := redistest.Start(t)
+	s := newTestStore(t, settingsFor(r.Addr()), Options{HealthInterval: time.Hour})
+	waitHealthy(t, s)
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	sp := mustSpec(t, time.Minute, 6)
+	reqs := []window.Request{{Key: "k", Spec: sp, Limit: 10, Hits: 1}}
+	errorsOf := func(op string) float64 { return testutil.ToFloat64(s.metrics.op(op).errors) }
+
+	res, err := s.Do(ctx, reqs)
+	if err != nil || !res[0].Recorded {
+		t.Fatalf("Do: %+v %v", res, err)
+	}
+	if err := s.Undo(ctx, reqs, res); err != nil {
+		t.Fatalf("Undo: %v", err)
+	}
+	if got := errorsOf("do") + errorsOf("undo"); got != 0 {
+		t.Fatalf("%v errors counted for calls that succeeded", got)
+	}
+
+	res, err = s.Do(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Set(ctx, s.counterKey(&reqs[0]), "not a counter", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Undo(ctx, reqs, res); err == nil {
+		t.Error("Undo of an overwritten counter succeeded, want the script's error")
+	}
+	if got := errorsOf("undo"); got != 1 {
+		t.Errorf("undo errors %v, want 1", got)
+	}
+	if _, err := s.Do(ctx, reqs); err == nil {
+		t.Error("Do on an overwritten counter succeeded, want the script's error")
+	}
+	if got := errorsOf("do"); got != 1 {
+		t.Errorf("do errors %v, want 1", got)
+	}
 }
