@@ -215,3 +215,38 @@ func TestHolderIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestEligible: only a sliding window's checks and hits, up to the largest
+// limit, may be answered from blocks, and none while hits the local
+// fallback admitted (which Redis does not know) are in the window: a
+// window's length after the last of them, blocks answer again.
+func TestEligible(t *testing.T) {
+	sp := mustSpec(t, time.Minute, 6)
+	const lastLocal = 10 * time.Minute
+	ok := window.Request{Key: "k", Spec: sp, Limit: 100, Hits: 1}
+	with := func(f func(*window.Request)) window.Request { r := ok; f(&r); return r }
+	for _, tt := range []struct {
+		name      string
+		req       window.Request
+		lastLocal time.Duration // 0: never
+		now       time.Duration
+		want      bool
+	}{
+		{"hits", ok, 0, lastLocal, true},
+		{"a check", with(func(r *window.Request) { r.Hits = 0 }), 0, lastLocal, true},
+		{"the largest limit's hits", with(func(r *window.Request) { r.Hits = window.MaxLimit }), 0, lastLocal, true},
+		{"more hits than any limit", with(func(r *window.Request) { r.Hits = window.MaxLimit + 1 }), 0, lastLocal, false},
+		{"a refund", with(func(r *window.Request) { r.Negative = true }), 0, lastLocal, false},
+		{"a charge", with(func(r *window.Request) { r.ChargeAlways = true }), 0, lastLocal, false},
+		{"another algorithm", with(func(r *window.Request) { r.Algorithm = window.FixedWindow }), 0, lastLocal, false},
+		{"local hits in the window", ok, lastLocal, lastLocal + time.Minute - time.Nanosecond, false},
+		{"local hits a window ago", ok, lastLocal, lastLocal + time.Minute, true},
+	} {
+		s := &Store{}
+		s.lastLocal.Store(int64(tt.lastLocal))
+		rv := newReserver(s, 2*sec, 0)
+		if got := rv.eligible(&tt.req, tt.now); got != tt.want {
+			t.Errorf("%s: eligible %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
