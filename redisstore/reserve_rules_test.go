@@ -250,3 +250,23 @@ func TestEligible(t *testing.T) {
 		}
 	}
 }
+
+// TestDrain: the keys waiting for a call to Redis are taken at most
+// maxBatchCalls at a time, in order, the rest left queued.
+func TestDrain(t *testing.T) {
+	rv := testReserver(t, 0)
+	const n = maxBatchCalls + 44
+	for i := range n {
+		rv.queue <- fmt.Sprint("k", i)
+	}
+	keys := rv.drain([]string{"first"})
+	if len(keys) != maxBatchCalls || keys[0] != "first" || keys[1] != "k0" || keys[maxBatchCalls-1] != fmt.Sprint("k", maxBatchCalls-2) {
+		t.Fatalf("drained %d keys (%q … %q), want %d from first, k0", len(keys), keys[0], keys[len(keys)-1], maxBatchCalls)
+	}
+	if rest := rv.drain(nil); len(rest) != n-(maxBatchCalls-1) || len(rv.queue) != 0 {
+		t.Errorf("then %d keys drained, %d left queued; want %d, 0", len(rest), len(rv.queue), n-(maxBatchCalls-1))
+	}
+	if keys := rv.drain([]string{"only"}); len(keys) != 1 {
+		t.Errorf("an empty queue: %q, want [only]", keys)
+	}
+}

@@ -28,19 +28,24 @@ func (rv *reserver) run(ctx context.Context) {
 			rv.sweep(rv.s.clock.Now())
 			continue
 		case k := <-rv.queue:
-			keys = append(keys[:0], k)
-		}
-	drain:
-		for len(keys) < maxBatchCalls {
-			select {
-			case k := <-rv.queue:
-				keys = append(keys, k)
-			default:
-				break drain
-			}
+			keys = rv.drain(append(keys[:0], k))
 		}
 		rv.send(ctx, keys)
 	}
+}
+
+// drain appends to keys the keys waiting in the queue, without waiting,
+// until keys holds maxBatchCalls (the most one round trip carries).
+func (rv *reserver) drain(keys []string) []string {
+	for len(keys) < maxBatchCalls {
+		select {
+		case k := <-rv.queue:
+			keys = append(keys, k)
+		default:
+			return keys
+		}
+	}
+	return keys
 }
 
 // sweepEvery is the period of the sweep.
