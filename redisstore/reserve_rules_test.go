@@ -1,10 +1,15 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leapgate/leapgate/window"
 )
@@ -268,5 +273,122 @@ func TestDrain(t *testing.T) {
 	}
 	if keys := rv.drain([]string{"only"}); len(keys) != 1 {
 		t.Errorf("an empty queue: %q, want [only]", keys)
+	}
+}
+
+// metricReserver is testReserver with metrics, for what counts answers.
+func metricReserver(t *testing.T) *reserver {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newReserver(&Store{metrics: m}, 2*sec, 0)
+}
+
+// TestApplyAnswers: what Redis's answer to a block's call (or its failure)
+// does to the block. The window is 32 s, so its blocks are valid for 1 s
+// (a 32nd), not the reserver's 2 s.
+func TestApplyAnswers(t *testing.T) {
+	sp := mustSpec(t, 32*sec, 1)
+	const now, sent = 100 * sec, 99 * sec
+	held := block{spec: sp, limit: 1000, holder: 5, avail: 4, spent: 3, remaining: 50, grantedAt: 1, deadline: now + sec, lastUse: now}
+	for _, tt := range []struct {
+		name     string
+		giveBack bool
+		used     float64 // -1: a new block
+		vals     []int64 // found, total, remaining, _, granted at
+		err      error
+		want     func(b *block)
+		event    string
+	}{
+		{"given back", true, 3, []int64{1, 10, 50, 0, 2}, nil, func(b *block) {
+			b.holder, b.avail, b.spent, b.retryAt = 0, 0, 0, now+sec
+		}, "returned"},
+		{"nothing granted", false, 3, []int64{0, 0, 50, 0, 2}, nil, func(b *block) {
+			b.holder, b.avail, b.spent, b.retryAt = 0, 0, 0, now+sec
+		}, "returned"},
+		{"renewed: the hits spent in flight are settled next time", false, 3, []int64{1, 10, 40, 0, 2}, nil, func(b *block) {
+			b.holder, b.avail, b.remaining, b.grantedAt, b.deadline = 9, 10-3, 40, 2, sent+sec
+		}, "renewed"},
+		{"renewed with more spent in flight than granted", false, 3, []int64{1, 2, 40, 0, 2}, nil, func(b *block) {
+			b.holder, b.avail, b.remaining, b.grantedAt, b.deadline = 9, 0, 40, 2, sent+sec
+		}, "renewed"},
+		{"granted anew: covers what was spent", false, -1, []int64{0, 10, 40, 0, 2}, nil, func(b *block) {
+			b.holder, b.avail, b.spent, b.remaining, b.grantedAt, b.deadline = 9, 10, 0, 40, 2, sent+sec
+		}, "granted"},
+		{"not sent: Redis is down", false, 2, nil, ErrUnavailable, func(b *block) { b.spent = 3 + 2 }, ""},
+		{"failed: settled or not, spend no more", false, 2, nil, errors.New("timeout"), func(b *block) {
+			b.spent, b.avail, b.deadline = 3+2, 0, 0
+		}, "failed"},
+		{"a new block failed: Redis's expiry covers it", false, -1, nil, errors.New("timeout"), func(b *block) {
+			b.holder, b.avail, b.deadline = 0, 0, 0
+		}, "failed"},
+		{"a malformed answer", false, 2, []int64{1, 10}, nil, func(b *block) {
+			b.spent, b.avail, b.deadline = 3+2, 0, 0
+		}, "failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rv := metricReserver(t)
+			b := held
+			b.pending, b.giveBack = true, tt.giveBack
+			want := held
+			tt.want(&want)
+			op := reservation{key: "k", b: &b, holder: 9, used: tt.used, giveBack: tt.giveBack, sent: sent}
+			rv.apply(&op, &call{vals: tt.vals}, tt.err, now)
+			if !reflect.DeepEqual(b, want) {
+				t.Errorf("block\n %+v\nwant\n %+v", b, want)
+			}
+			for _, event := range []string{"granted", "renewed", "returned", "failed"} {
+				want := 0.0
+				if event == tt.event {
+					want = 1
+				}
+				if got := testutil.ToFloat64(rv.s.metrics.reservations.WithLabelValues(event)); got != want {
+					t.Errorf("%s events %v, want %v", event, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestSweep: a sweep gives back a held block idle for half its validity or
+// past its deadline, tops up one within an eighth of its validity of its
+// deadline, leaves one whose call is pending, and forgets a key without a
+// block unseen for 4 of the reserver's validities. The window is 32 s:
+// held blocks are valid for 1 s, the reserver's validity is 2 s.
+func TestSweep(t *testing.T) {
+	sp := mustSpec(t, 32*sec, 1)
+	const now = 100 * sec
+	const ms = time.Millisecond
+	heldBlock := func(lastUse, deadline time.Duration) *block {
+		return &block{spec: sp, holder: 5, avail: 4, lastUse: lastUse, deadline: deadline}
+	}
+	for _, tt := range []struct {
+		name                    string
+		b                       *block
+		pending, giveBack, gone bool
+	}{
+		{"busy", heldBlock(now-499*ms, now+sec), false, false, false},
+		{"idle for half its validity", heldBlock(now-500*ms, now+sec), true, true, false},
+		{"past its deadline", heldBlock(now, now), true, true, false},
+		{"an eighth of its validity to go", heldBlock(now, now+125*ms), false, false, false},
+		{"less", heldBlock(now, now+124*ms), true, false, false},
+		{"a call pending", &block{spec: sp, holder: 5, pending: true, lastUse: now - sec}, true, false, false},
+		{"no block, seen lately", &block{spec: sp, seen: now - 8*sec + 1}, false, false, false},
+		{"no block, unseen for 4 validities", &block{spec: sp, seen: now - 8*sec}, false, false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rv := testReserver(t, 0)
+			rv.shard("k").keys["k"] = tt.b
+			rv.sweep(now)
+			_, kept := rv.shard("k").keys["k"]
+			if tt.b.pending != tt.pending || tt.b.giveBack != tt.giveBack || kept == tt.gone {
+				t.Errorf("pending %v, give back %v, kept %v; want %v, %v, %v", tt.b.pending, tt.b.giveBack, kept, tt.pending, tt.giveBack, !tt.gone)
+			}
+			if queued := len(rv.queue) == 1; queued != (tt.pending && tt.name != "a call pending") {
+				t.Errorf("queued %v", queued)
+			}
+		})
 	}
 }
