@@ -30,8 +30,8 @@ func (s *Store) healthLoop(ctx context.Context) {
 	}
 }
 
-func (s *Store) probe(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+func (s *Store) probe(parent context.Context) {
+	ctx, cancel := context.WithTimeout(parent, s.timeout)
 	defer cancel()
 	start := time.Now()
 	var err error
@@ -44,15 +44,15 @@ func (s *Store) probe(ctx context.Context) {
 	}
 	ping := s.metrics.op("ping")
 	ping.latency.Observe(time.Since(start).Seconds())
-	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		return // shutting down
+	if parent.Err() != nil {
+		return // shutting down: the answer, if any, says nothing of Redis
 	}
 	if err != nil {
 		ping.errors.Inc()
 		s.metrics.up.Set(0)
 		if old := s.state.Swap(stateDown); old != stateDown {
 			s.log.Warn("redis unreachable: answering with REDIS_FAILURE_MODE until it is back",
-				"mode", s.mode, "err", err)
+				"mode", s.mode.String(), "err", err)
 		}
 		return
 	}

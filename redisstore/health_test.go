@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
@@ -53,6 +54,7 @@ func TestHealthLogsAndLoadsOnChangesOnly(t *testing.T) {
 	for msg, want := range map[string]int{
 		`"msg":"redis reachable"`:                 1 + 1,
 		`"msg":"redis unreachable: answering`:     1,
+		`"mode":"error"`:                          1, // by name, as REDIS_FAILURE_MODE
 		`"msg":"loading the redis scripts failed`: 0,
 	} {
 		if got := strings.Count(logs.String(), msg); got != want {
@@ -68,5 +70,35 @@ func TestHealthLogsAndLoadsOnChangesOnly(t *testing.T) {
 	}
 	if !strings.Contains(stats, "cmdstat_script|load:calls=2,") {
 		t.Errorf("SCRIPT LOAD calls on the restarted Redis, want 2:\n%s", stats)
+	}
+}
+
+// TestCloseDuringProbe: closing a Store while a health probe waits on a
+// stalled Redis ends the probe without taking Redis for down: no
+// "unreachable" line, no failed ping counted.
+func TestCloseDuringProbe(t *testing.T) {
+	r := redistest.Start(t)
+	var logs syncBuffer
+	st := settingsFor(r.Addr())
+	st.Timeout = 10 * time.Second // the probe waits until Close
+	s := newTestStore(t, st, Options{
+		Logger:         slog.New(slog.NewJSONHandler(&logs, nil)),
+		Registry:       prometheus.NewRegistry(),
+		HealthInterval: 5 * time.Millisecond,
+	})
+	waitHealthy(t, s)
+	r.Pause()
+	defer r.Resume()
+	time.Sleep(100 * time.Millisecond) // a probe is sent and waits
+	start := time.Now()
+	s.Close()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Close took %v: it waited for the probe's timeout", d)
+	}
+	if strings.Contains(logs.String(), "unreachable") {
+		t.Errorf("Redis taken for down on Close:\n%s", logs.String())
+	}
+	if got := testutil.ToFloat64(s.metrics.op("ping").errors); got != 0 {
+		t.Errorf("%v failed pings counted on Close, want 0", got)
 	}
 }

@@ -185,8 +185,10 @@ func (s *Store) Close() error {
 			s.res.close(context.Background())
 		}
 		s.cancel()
-		<-s.done
+		// Closing the connections also ends a probe waiting on a
+		// stalled Redis, which go-redis does not end on cancel.
 		err = s.client.Close()
+		<-s.done
 	})
 	return err
 }
