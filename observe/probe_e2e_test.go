@@ -230,3 +230,68 @@ func TestProbeMixedFleet(t *testing.T) {
 		t.Fatalf("backoff after its untagged probe succeeded: %v, want closed", got)
 	}
 }
+
+// TestExtProcTagsItsProbes: in blocking mode ext_proc admits a half-open
+// breaker's probe itself and tags the probe's outcome with its id, so that
+// once a tagged outcome came back, the failure of a request admitted
+// before the breaker opened (a straggler, untagged) is not taken for the
+// probe's.
+func TestExtProcTagsItsProbes(t *testing.T) {
+	e := newBreakerEnv(t)
+	expectState := func(what string, want breaker.State) {
+		t.Helper()
+		if st := e.stats(ordersRule); st.State != want {
+			t.Fatalf("%s: orders breaker %v, want %v: %+v", what, st.State, want, st.Stats)
+		}
+	}
+	// admit starts a blocking-mode request that ext_proc lets through, and
+	// returns a function that ends it with a response status.
+	admit := func(what string) func(status string) {
+		t.Helper()
+		stream, err := e.extProc().Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(requestHeaders("", "orders", false)); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := stream.Recv(); err != nil || resp.GetRequestHeaders() == nil {
+			t.Fatalf("%s: reply %v, %v; want CONTINUE", what, resp, err)
+		}
+		return func(status string) {
+			t.Helper()
+			if err := stream.Send(responseHeaders(status, false)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stream.Recv(); err != nil {
+				t.Fatal(err)
+			}
+			if err := stream.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+				t.Fatalf("%s: end of stream: %v", what, err)
+			}
+		}
+	}
+	open := func() {
+		t.Helper()
+		e.observeRequest("", "orders", time.Millisecond, "503")
+		e.observeRequest("", "orders", time.Millisecond, "503")
+		expectState("two failures", breaker.Open)
+		e.clock.Advance(5 * time.Second) // open_duration
+	}
+
+	open()
+	admit("the first probe")("200") // tagged: ext_proc's outcomes carry ids
+	expectState("the first probe succeeded", breaker.Closed)
+
+	straggler := admit("a request while closed")
+	open()
+	probe := admit("the second probe")
+	expectState("the probe is out", breaker.HalfOpen)
+	straggler("503")
+	expectState("the straggler failed", breaker.HalfOpen)
+	probe("200")
+	expectState("the second probe succeeded", breaker.Closed)
+}
