@@ -78,6 +78,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"share_threshold_without_wildcard.yaml", 5, "share_threshold can only be used with wildcard values (containing '*'), but found key 'a_b'"},
 		{"sliding_log_over_cap.yaml", 6, "rule d.api_user: requests_per_unit 10001 is above the sliding_log maximum of 10000 (it keeps one 8-byte timestamp per hit); use sliding_window for large limits"},
 		{"two_documents.yaml", 2, "a rule file must hold a single YAML document"},
+		{"unit_multiplier_overflow.yaml", 6, "unit_multiplier 106752 makes the window longer than 2562047h47m16.854775807s"}, // 106751 days is the longest
 		{"unit_multiplier_zero.yaml", 6, "unit_multiplier must be at least 1"},
 		{"unit_with_unlimited.yaml", 6, "should not specify rate limit unit when unlimited"},
 		{"unknown_algorithm.yaml", 7, "config error, unknown algorithm 'leaky_bucket' (want sliding_window, token_bucket, fixed_window, sliding_log or time_buckets)"},

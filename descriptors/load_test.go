@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -151,6 +152,8 @@ func TestReportingUnit(t *testing.T) {
 		{60 * 24 * time.Hour, UnitMonth, 2},
 		{365 * 24 * time.Hour, UnitYear, 1},
 		{500 * time.Millisecond, UnitSecond, 1},
+		{math.MaxUint32 * time.Second, UnitSecond, math.MaxUint32}, // the largest multiplier
+		{(math.MaxUint32 + 1) * time.Second, UnitSecond, 1},        // too many seconds to report
 	}
 	for _, tt := range tests {
 		u, m := reportingUnit(tt.window)
@@ -401,5 +404,21 @@ func TestParseHostileYAML(t *testing.T) {
 				t.Errorf("%d errors reported, want at most %d", len(errs), 2*maxErrors+2)
 			}
 		})
+	}
+}
+
+// TestLongestUnitMultiplier: the longest window unit_multiplier can make
+// of a unit, 106751 days (what a time.Duration holds), loads, with its
+// unit and multiplier kept as written; one day more is refused
+// (testdata/errors/unit_multiplier_overflow.yaml).
+func TestLongestUnitMultiplier(t *testing.T) {
+	yaml := "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      unit_multiplier: 106751\n      requests_per_unit: 1\n"
+	s, err := Parse([]File{{Name: "d.yaml", Data: []byte(yaml)}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := s.Rule("d.a").Limits[0]
+	if l.Unit != UnitDay || l.UnitMultiplier != 106751 || l.Spec.Length() != 106751*24*time.Hour {
+		t.Errorf("limit %+v, want 106751 days", l)
 	}
 }
