@@ -94,6 +94,36 @@ func TestDescriptorsPerDomainCap(t *testing.T) {
 	}
 }
 
+// TestFileBounds: a file of maxNodes descriptors, which is also
+// MaxDescriptorsPerDomain, loads; one more is refused by the reader's bound
+// on list items, before any is built.
+func TestFileBounds(t *testing.T) {
+	file := func(n int) []File {
+		var sb strings.Builder
+		sb.WriteString("domain: d\ndescriptors:\n")
+		for i := range n - 1 {
+			fmt.Fprintf(&sb, "- {key: k, value: v%d}\n", i)
+		}
+		sb.WriteString("- {key: k, value: last, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+		return []File{{Name: "big.yaml", Data: []byte(sb.String())}}
+	}
+	if maxNodes != MaxDescriptorsPerDomain {
+		t.Fatalf("maxNodes %d, MaxDescriptorsPerDomain %d: the test assumes them equal", maxNodes, MaxDescriptorsPerDomain)
+	}
+	s, err := Parse(file(maxNodes), Options{})
+	if err != nil {
+		t.Fatalf("%d descriptors: %v", maxNodes, err)
+	}
+	if s.Rule("d.k_last") == nil {
+		t.Errorf("%d descriptors: the last one was dropped", maxNodes)
+	}
+	_, err = Parse(file(maxNodes+1), Options{})
+	var e *Error
+	if !errors.As(err, &e) || e.File != "big.yaml" || e.Line != 3+maxNodes || e.Reason != fmt.Sprintf("config error, more than %d descriptors and list items (YAML aliases?)", maxNodes) {
+		t.Errorf("%d descriptors: %v, want big.yaml:%d refused as too large", maxNodes+1, err, 3+maxNodes)
+	}
+}
+
 // manyYAML is a rule file of n descriptors: n/2 exact values with a limit,
 // n/4 wildcard values with two limits, n/4 in n/8 two-level rules.
 func manyYAML(n int) []byte {
