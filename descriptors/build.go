@@ -76,7 +76,6 @@ type rawConcurrency struct {
 type rawReplace struct {
 	line int
 	name string
-	bad  bool // already reported as malformed
 }
 
 // at returns the line of a field, or the fallback when unknown.

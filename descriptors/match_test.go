@@ -271,6 +271,12 @@ descriptors:
 			t.Errorf("MetricKey(%v) = %q, want %q", tt.entries, got, tt.want)
 		}
 	}
+	// Fewer entries than the rule has levels: a level without one shows
+	// the rule's own value (none, here).
+	r := s.Match("m", entries("svc", "api", "method", "GET"))
+	if got := r.MetricKey(entries("svc", "api")); got != "m.svc_api.method" {
+		t.Errorf("MetricKey of one entry for a rule of two levels = %q, want %q", got, "m.svc_api.method")
+	}
 }
 
 func TestRulesAndDump(t *testing.T) {

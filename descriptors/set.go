@@ -330,6 +330,7 @@ func (r *Rule) Varies() bool {
 // cardinality, into metrics. A request value longer than LongValue shows as
 // "sha256:" and the first 16 hex digits of its digest, and invalid UTF-8 in
 // a value as U+FFFD, so that the key is always a valid, short label value.
+// A level beyond the last of entries shows the rule's own value.
 func (r *Rule) MetricKey(entries []Entry) string {
 	if !r.MetricVaries() {
 		return r.ID

@@ -266,11 +266,9 @@ func (r *reader) rateLimit(n *yaml.Node) *rawLimit {
 		case "replaces":
 			for _, it := range r.list(name, val) {
 				rep := rawReplace{line: it.Line}
-				before := len(r.errs)
 				r.fields(it, replacesFields, func(_ string, _, v *yaml.Node) {
 					rep.name, _ = r.str("name", v)
 				})
-				rep.bad = len(r.errs) > before
 				l.replaces = append(l.replaces, rep)
 			}
 		case "unit_multiplier":
