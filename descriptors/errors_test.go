@@ -57,6 +57,7 @@ func TestErrorFixtures(t *testing.T) {
 		{"breaker_window_not_divisible.yaml", 8, "circuit_breaker: window length 10s is not divisible into 3 equal buckets"},
 		{"breaker_zero_probes.yaml", 7, "circuit_breaker: half_open_probes must be at least 1"},
 		{"buckets_zero.yaml", 7, "buckets must be at least 1, got 0"},
+		{"breaker_window_not_duration.yaml", 7, "config error, window must be a positive duration such as 30s or 5m, got '0s'"}, // and no second error for the window's buckets
 		{"buckets_without_time_buckets.yaml", 7, "buckets applies only to algorithm time_buckets (sliding_window, the default, keeps no time buckets)"},
 		{"descriptors_not_list.yaml", 3, "config error, descriptors must be a list, got a mapping"},
 		{"duplicate_domain", 2, "duplicate domain 'shop' in config file (first defined at duplicate_domain/a.yaml:1)"},

@@ -422,3 +422,32 @@ func TestLongestUnitMultiplier(t *testing.T) {
 		t.Errorf("limit %+v, want 106751 days", l)
 	}
 }
+
+// TestNullFields: a field left empty (YAML null), as a template often
+// leaves one, loads as if it were absent, as envoyproxy/ratelimit's YAML
+// decoding takes it: no error, and the rule it belongs to is the same.
+func TestNullFields(t *testing.T) {
+	for _, tt := range []struct {
+		name, yaml string
+		rules      int
+	}{
+		{"descriptors", "domain: d\ndescriptors:\n", 0},
+		{"descriptors ~", "domain: d\ndescriptors: ~\n", 0},
+		{"nested descriptors", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n", 0},
+		{"rate_limit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n", 0},
+		{"rate_limits", "domain: d\ndescriptors:\n  - key: a\n    rate_limits: null\n", 0},
+		{"metadata", "domain: d\ndescriptors:\n  - key: a\n    metadata:\n    rate_limit: {unit: second, requests_per_unit: 1}\n", 1},
+		{"value and shadow_mode", "domain: d\ndescriptors:\n  - key: a\n    value:\n    shadow_mode:\n    rate_limit: {unit: second, requests_per_unit: 1}\n", 1},
+		{"error_statuses", "domain: d\ndescriptors:\n  - key: a\n    circuit_breaker: {strategy: error_ratio, threshold: 0.5, error_statuses: }\n", 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Parse([]File{{Name: "null.yaml", Data: []byte(tt.yaml)}}, Options{})
+			if err != nil {
+				t.Fatalf("%v", err)
+			}
+			if got := len(s.Rules()); got != tt.rules {
+				t.Errorf("%d rules, want %d", got, tt.rules)
+			}
+		})
+	}
+}
