@@ -52,7 +52,7 @@ func (s *Store) probe(parent context.Context) {
 		s.metrics.up.Set(0)
 		if old := s.state.Swap(stateDown); old != stateDown {
 			s.log.Warn("redis unreachable: answering with REDIS_FAILURE_MODE until it is back",
-				"mode", s.mode.String(), "err", err)
+				"mode", s.mode, "err", err)
 		}
 		return
 	}

@@ -38,6 +38,9 @@ func (t Topology) String() string {
 	return fmt.Sprintf("Topology(%d)", uint8(t))
 }
 
+// LogValue logs the topology by name (as String), not by number.
+func (t Topology) LogValue() slog.Value { return slog.StringValue(t.String()) }
+
 // FailureMode is what requests get while Redis cannot be reached.
 type FailureMode uint8
 
@@ -70,6 +73,9 @@ func (m FailureMode) String() string {
 	}
 	return fmt.Sprintf("FailureMode(%d)", uint8(m))
 }
+
+// LogValue logs the mode by name (as String), not by number.
+func (m FailureMode) LogValue() slog.Value { return slog.StringValue(m.String()) }
 
 // DefaultPoolSize is the connections per Redis node when Options.PoolSize
 // is 0.

@@ -169,8 +169,8 @@ func newStore(ctx context.Context, client redis.UniversalClient, cluster bool, o
 		go s.res.run(ctx)
 	}
 	go s.healthLoop(ctx)
-	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology.String(), "addrs", opts.Addrs,
-		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode.String(), "local_cache_bytes", opts.LocalCacheBytes,
+	s.log.Info("redis backend configured (not waiting for it)", "topology", opts.Topology, "addrs", opts.Addrs,
+		"tls", opts.TLS != nil, "key_prefix", opts.KeyPrefix, "failure_mode", opts.FailureMode, "local_cache_bytes", opts.LocalCacheBytes,
 		"reservation", opts.Reservation)
 	return s, nil
 }
