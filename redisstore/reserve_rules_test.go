@@ -154,7 +154,10 @@ func TestSawRemote(t *testing.T) {
 		{"seen a validity ago", block{since: now - 2*sec, seen: now - 2*sec, demand: 10}, false, 0},
 		{"at its retry time", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now}, true, 0},
 		{"before it", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now + 1}, false, 0},
-		{"held: Redis'sec remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5}, false, 900_000},
+		{"held: Redis's remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5}, false, 900_000},
+		// A batch goes to Redis when any of its requests does not fit a block.
+		{"held, with just the hits", block{holder: 1, spec: sp, limit: 1_000_000, avail: 1, deadline: now + sec, seen: now - sec}, false, 900_000},
+		{"held, without them: topped up", block{holder: 1, spec: sp, limit: 1_000_000, avail: 0, deadline: now + sec, seen: now - sec}, true, 900_000},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rv := testReserver(t, 0)
@@ -320,6 +323,9 @@ func TestApplyAnswers(t *testing.T) {
 		{"not sent: Redis is down", false, 2, nil, ErrUnavailable, func(b *block) { b.spent = 3 + 2 }, ""},
 		{"failed: settled or not, spend no more", false, 2, nil, errors.New("timeout"), func(b *block) {
 			b.spent, b.avail, b.deadline = 3+2, 0, 0
+		}, "failed"},
+		{"failed with nothing spent since settling: still held", false, 0, nil, errors.New("timeout"), func(b *block) {
+			b.spent, b.avail, b.deadline = 3, 0, 0
 		}, "failed"},
 		{"a new block failed: Redis's expiry covers it", false, -1, nil, errors.New("timeout"), func(b *block) {
 			b.holder, b.avail, b.deadline = 0, 0, 0
