@@ -299,3 +299,35 @@ func TestBlackholedRedis(t *testing.T) {
 		t.Fatalf("after the probe failed: %v, want ErrUnavailable", err)
 	}
 }
+
+// TestFailedCallsProbeRedisAtOnce: a Do or an Undo that fails because Redis
+// does not answer sends a health probe at once, so that the failure mode
+// takes over without waiting for the next scheduled probe (an hour here).
+func TestFailedCallsProbeRedisAtOnce(t *testing.T) {
+	sp := mustSpec(t, time.Minute, 6)
+	reqs := []window.Request{{Key: "k", Spec: sp, Limit: 10, Hits: 1}}
+	for _, tt := range []struct {
+		name string
+		call func(s *Store, recorded []window.Result) error
+	}{
+		{"Do", func(s *Store, _ []window.Result) error { _, err := s.Do(context.Background(), reqs); return err }},
+		{"Undo", func(s *Store, recorded []window.Result) error { return s.Undo(context.Background(), reqs, recorded) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := redistest.Start(t)
+			st := settingsFor(r.Addr())
+			st.Timeout = 200 * time.Millisecond
+			s := newTestStore(t, st, Options{HealthInterval: time.Hour})
+			waitHealthy(t, s)
+			res, err := s.Do(context.Background(), reqs)
+			if err != nil || !res[0].Recorded {
+				t.Fatalf("Do: %+v %v", res, err)
+			}
+			r.Kill()
+			if err := tt.call(s, res); err == nil {
+				t.Fatal("a call to a dead Redis succeeded")
+			}
+			waitUnhealthy(t, s)
+		})
+	}
+}
