@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -71,22 +72,7 @@ descriptors:
 // every level and a bucket that matches no order ends after
 // MaxUnorderedSteps nodes, not after 10! orders.
 func TestMatchUnorderedSearchIsBounded(t *testing.T) {
-	var b strings.Builder
-	b.WriteString("domain: d\ndescriptors:\n")
-	var level func(depth int, indent string)
-	level = func(depth int, indent string) {
-		for k := 0; k < 10; k++ {
-			fmt.Fprintf(&b, "%s- key: k%d\n", indent, k)
-			if depth < 3 {
-				fmt.Fprintf(&b, "%s  descriptors:\n", indent)
-				level(depth+1, indent+"    ")
-			} else {
-				fmt.Fprintf(&b, "%s  rate_limit: {unit: second, requests_per_unit: 1}\n", indent)
-			}
-		}
-	}
-	level(0, "  ")
-	s := mustParse(t, File{Name: "d.yaml", Data: []byte(b.String())})
+	s := mustParse(t, File{Name: "d.yaml", Data: []byte(tenKeysYAML(nil))})
 	bucket := map[string]string{}
 	for k := 0; k < 10; k++ {
 		bucket[fmt.Sprintf("k%d", k)] = "v"
@@ -109,5 +95,82 @@ func TestMatchUnorderedSearchIsBounded(t *testing.T) {
 	four := map[string]string{"k3": "v", "k1": "v", "k7": "v", "k0": "v"}
 	if r, order := s.MatchUnordered("d", four); r == nil || r.ID != "d.k0.k1.k3.k7" || len(order) != 4 {
 		t.Fatalf("four pairs matched %v, want d.k0.k1.k3.k7", r)
+	}
+}
+
+// tenKeysYAML is a rule file of keys k0 to k9 at each of four levels, each
+// node of the fourth limited; under the fourth-level node at path (key
+// numbers), when given, a chain of the keys the path does not use, in
+// order, ends in a limited rule that uses all ten.
+func tenKeysYAML(path []int) string {
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n")
+	var level func(at []int, indent string)
+	level = func(at []int, indent string) {
+		for k := range 10 {
+			here := append(slices.Clone(at), k)
+			fmt.Fprintf(&b, "%s- key: k%d\n", indent, k)
+			if len(here) < 4 {
+				fmt.Fprintf(&b, "%s  descriptors:\n", indent)
+				level(here, indent+"    ")
+				continue
+			}
+			fmt.Fprintf(&b, "%s  rate_limit: {unit: second, requests_per_unit: 1}\n", indent)
+			if slices.Equal(here, path) {
+				chain := indent
+				for k := range 10 {
+					if slices.Contains(path, k) {
+						continue
+					}
+					fmt.Fprintf(&b, "%s  descriptors:\n%s    - key: k%d\n", chain, chain, k)
+					chain += "    "
+				}
+				fmt.Fprintf(&b, "%s  rate_limit: {unit: second, requests_per_unit: 1}\n", chain)
+			}
+		}
+	}
+	level(nil, "  ")
+	return b.String()
+}
+
+// TestMatchUnorderedFindsAtTheBound: a rule the search reaches at exactly
+// its MaxUnorderedSteps-th node matches; one a node later does not.
+func TestMatchUnorderedFindsAtTheBound(t *testing.T) {
+	// The nodes the search visits in tenKeysYAML(nil), in order, for a
+	// bucket of the ten keys: the unused keys in key order, depth first.
+	var visits [][]int
+	var search func(at []int)
+	search = func(at []int) {
+		for k := range 10 {
+			if !slices.Contains(at, k) {
+				visits = append(visits, append(slices.Clone(at), k))
+				if len(at) < 3 {
+					search(visits[len(visits)-1])
+				}
+			}
+		}
+	}
+	search(nil)
+	bucket := map[string]string{}
+	for k := range 10 {
+		bucket[fmt.Sprint("k", k)] = "v"
+	}
+	// The chain under a fourth-level node is 6 nodes, visited right after it.
+	for _, tt := range []struct {
+		step  int // the step of the chain's last node
+		match bool
+	}{
+		{MaxUnorderedSteps, true},
+		{MaxUnorderedSteps + 1, false},
+	} {
+		path := visits[tt.step-6-1]
+		if len(path) != 4 {
+			t.Fatalf("the node visited at step %d is %v, not of the fourth level", tt.step-6, path)
+		}
+		s := mustParse(t, File{Name: "d.yaml", Data: []byte(tenKeysYAML(path))})
+		r, order := s.MatchUnordered("d", bucket)
+		if got := r != nil && len(order) == 10; got != tt.match {
+			t.Errorf("a rule of ten reached at step %d (under %v): matched %v (%v), want %v", tt.step, path, got, r, tt.match)
+		}
 	}
 }
