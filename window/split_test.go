@@ -3,6 +3,7 @@ package window
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ func TestSplitIsAllOrNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if len(res) != len(tt.batch) {
+				t.Fatalf("%d results for %d requests", len(res), len(tt.batch))
+			}
 			for i, r := range res {
 				if r.Allowed != tt.allowed[i] {
 					t.Errorf("result %d allowed %t, want %t", i, r.Allowed, tt.allowed[i])
@@ -82,5 +86,89 @@ func TestSplitIsAllOrNothing(t *testing.T) {
 	res, err := main.Do(context.Background(), []Request{slow(0)})
 	if err != nil || res[0].Remaining != 5 {
 		t.Errorf("main after a failed split: %v %v, want 5 remaining (nothing recorded)", res, err)
+	}
+}
+
+// recordingLimiter is a Limiter that notes the keys of each call and can
+// fail its Do calls after the first ok ones.
+type recordingLimiter struct {
+	Limiter
+	calls []string // "do k1 k2", "undo k1"
+	ok    int      // Do calls that succeed before the rest fail; -1: all
+}
+
+func (r *recordingLimiter) note(op string, reqs []Request) {
+	call := op
+	for _, q := range reqs {
+		call += " " + q.Key
+	}
+	r.calls = append(r.calls, call)
+}
+
+func (r *recordingLimiter) Do(ctx context.Context, reqs []Request) ([]Result, error) {
+	r.note("do", reqs)
+	if r.ok == 0 {
+		return nil, errors.New("backend down")
+	}
+	r.ok--
+	return r.Limiter.Do(ctx, reqs)
+}
+
+func (r *recordingLimiter) Undo(ctx context.Context, reqs []Request, res []Result) error {
+	r.note("undo", reqs)
+	return r.Limiter.Undo(ctx, reqs, res)
+}
+
+// TestSplitRoutes: windows up to MaxShort go to Short and longer ones to
+// Long, for Do and for Undo; neither is called with nothing to do; an error
+// of the limiter applying a batch's refunds is returned.
+func TestSplitRoutes(t *testing.T) {
+	second, _ := NewSpec(time.Second, 1)
+	longer, _ := NewSpec(time.Second+time.Millisecond, 1)
+	ctx := context.Background()
+	newSplit := func(longOK int) (Split, *recordingLimiter, *recordingLimiter) {
+		clock := testclock.At(time.Hour)
+		short := &recordingLimiter{Limiter: NewStore(StoreOptions{Clock: clock}), ok: -1}
+		long := &recordingLimiter{Limiter: NewStore(StoreOptions{Clock: clock}), ok: longOK}
+		return Split{Short: short, Long: long, MaxShort: time.Second}, short, long
+	}
+	at := Request{Key: "at", Spec: second, Limit: 5, Hits: 1}
+	above := Request{Key: "above", Spec: longer, Limit: 5, Hits: 1}
+
+	split, short, long := newSplit(-1)
+	res, err := split.Do(ctx, []Request{at, above})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := split.Undo(ctx, []Request{above}, res[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := split.Undo(ctx, []Request{at}, res[:1]); err != nil {
+		t.Fatal(err)
+	}
+	// Refused by Short, a vetoing batch leaves Long, which recorded
+	// nothing (a check), alone.
+	refused := at
+	refused.Hits, refused.Veto = 10, true
+	check := above
+	check.Hits = 0
+	if res, err := split.Do(ctx, []Request{refused, check}); err != nil || res[0].Allowed {
+		t.Fatalf("a vetoed batch: %+v %v", res, err)
+	}
+	if got, want := strings.Join(short.calls, "; "), "do at; undo at; do at"; got != want {
+		t.Errorf("Short's calls %q, want %q", got, want)
+	}
+	if got, want := strings.Join(long.calls, "; "), "do above; undo above; do above"; got != want {
+		t.Errorf("Long's calls %q, want %q", got, want)
+	}
+
+	// A vetoing batch with a refund: its second call, the refund's, fails.
+	split, _, _ = newSplit(1)
+	refund := above
+	refund.Negative = true
+	veto := at
+	veto.Veto = true
+	if res, err := split.Do(ctx, []Request{veto, refund}); err == nil {
+		t.Errorf("the refund's limiter failed, yet Do answered %+v", res)
 	}
 }
