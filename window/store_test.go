@@ -220,3 +220,24 @@ func TestResultUnrecord(t *testing.T) {
 		}
 	}
 }
+// TestRefundOfAnUnknownKey: a refund for a key without a counter (never
+// used, or evicted) changes nothing and answers as a check of an empty
+// window would: allowed with the whole limit left, or, under a limit of 0,
+// refused with nothing left.
+func TestRefundOfAnUnknownKey(t *testing.T) {
+	sp, _ := NewSpec(time.Minute, 6)
+	for _, limit := range []uint64{0, 1, 5} {
+		s := NewStore(StoreOptions{Clock: testclock.At(time.Hour)})
+		refund, err := s.Do(context.Background(), []Request{{Key: "new", Spec: sp, Limit: limit, Hits: 3, Negative: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check, err := s.Do(context.Background(), []Request{{Key: "other", Spec: sp, Limit: limit}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if refund[0] != check[0] || refund[0].Allowed != (limit > 0) || refund[0].Remaining != limit {
+			t.Errorf("limit %d: refund %+v, a check of an empty window %+v", limit, refund[0], check[0])
+		}
+	}
+}
