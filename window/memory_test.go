@@ -360,3 +360,32 @@ func TestStoreBytesFollowChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreByteBoundExactFit: counters that fill MaxBytes exactly all stay;
+// one more evicts one, and the bound holds.
+func TestStoreByteBoundExactFit(t *testing.T) {
+	spec := mustSpec(t, time.Minute, DefaultBuckets)
+	ctx := context.Background()
+	add := func(s *Store, key string) {
+		t.Helper()
+		res := make([]Result, 1)
+		if err := s.DoAt(ctx, time.Second, []Request{{Key: key, Spec: spec, Limit: 10, Hits: 1}}, res); err != nil || !res[0].Allowed {
+			t.Fatalf("%s: %+v %v", key, res[0], err)
+		}
+	}
+	one := NewStore(StoreOptions{Clock: &testclock.Clock{}})
+	add(one, "k0")
+	per := one.Stats().Bytes
+
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}, MaxBytes: 3 * per})
+	for i := range 3 {
+		add(s, fmt.Sprint("k", i))
+	}
+	if st := s.Stats(); st.Keys != 3 || st.Evictions != 0 || st.Bytes != 3*per {
+		t.Errorf("3 counters in exactly their bytes: %+v, want 3 keys, no eviction", st)
+	}
+	add(s, "k3")
+	if st := s.Stats(); st.Keys != 3 || st.Evictions != 1 || st.Bytes > 3*per {
+		t.Errorf("a fourth: %+v, want 3 keys, 1 eviction, at most %d bytes", st, 3*per)
+	}
+}
