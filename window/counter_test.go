@@ -580,6 +580,41 @@ func TestCounterExactAtWindowEdges(t *testing.T) {
 	}
 }
 
+// TestCounterEdgesOnTheTickGrid: a hit on the tick grid, in a closed block
+// (limits up to Blocks) or in the open block (above), counts up to 1ns
+// before it is a window old and not at it, for CountAt (once a later check
+// has moved the newest time on) as for AllowAt; and
+// an UndoAt of hits a window old takes back nothing (they left), not newer
+// hits in their place.
+func TestCounterEdgesOnTheTickGrid(t *testing.T) {
+	w := time.Second
+	for _, limit := range []uint64{1, 10, 4 * Blocks} {
+		c := NewCounter(mustSpec(t, w, 1))
+		t0 := 3 * w // a multiple of the tick
+		first := c.AllowAt(t0, 1, limit)
+		if !first.Recorded {
+			t.Fatalf("limit %d: the first hit %+v", limit, first)
+		}
+		c.AllowAt(t0+w/2, 0, limit) // a check: the newest time moves on
+		if got := c.CountAt(t0 + w - 1); got != 1 {
+			t.Errorf("limit %d: 1ns before the hit leaves, count %d, want 1", limit, got)
+		}
+		if got := c.CountAt(t0 + w); got != 0 {
+			t.Errorf("limit %d: as the hit leaves, count %d, want 0", limit, got)
+		}
+		if r := c.AllowAt(t0+w, 0, limit); r.Remaining != limit {
+			t.Errorf("limit %d: a check as the hit leaves %+v, want %d remaining", limit, r, limit)
+		}
+		if r := c.AllowAt(t0+w, 1, limit); !r.Recorded {
+			t.Fatalf("limit %d: the second hit %+v", limit, r)
+		}
+		c.UndoAt(first.Bucket, 1)
+		if got := c.CountAt(t0 + w); got != 1 {
+			t.Errorf("limit %d: after undoing a hit a window old, count %d, want the newer 1", limit, got)
+		}
+	}
+}
+
 // TestCounterRefundKeepsStamps: a refund that reopens a closed block keeps
 // the block's time, so the hits left in it count until that time leaves.
 func TestCounterRefundKeepsStamps(t *testing.T) {
