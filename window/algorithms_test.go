@@ -280,3 +280,97 @@ func TestCheckLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestGCRAExactAnswers: a token bucket of 2 per second, to the
+// nanosecond: an emission interval of 500 ms, a check that finds the last
+// token allowed, the time until full after a take, and when it is idle.
+func TestGCRAExactAnswers(t *testing.T) {
+	const ms = time.Millisecond
+	g := NewGCRA(mustSpec(t, time.Second, 1))
+	t0 := 10 * time.Second
+	if r := g.AllowAt(t0, 1, 2); !r.Allowed || r.Remaining != 1 || r.Reset != 500*ms {
+		t.Errorf("the first take %+v, want allowed, 1 left, full again in 500ms", r)
+	}
+	if r := g.AllowAt(t0, 0, 2); !r.Allowed || r.Remaining != 1 {
+		t.Errorf("a check with one token left %+v, want allowed, 1 left", r)
+	}
+	if g.idleAt(t0 + 500*ms - 1) {
+		t.Error("idle 1ns before the bucket is full again")
+	}
+	if !g.idleAt(t0 + 500*ms) {
+		t.Error("not idle once the bucket is full again")
+	}
+	g.AllowAt(t0+500*ms, 2, 2)
+	if r := g.AllowAt(t0+500*ms, 1, 2); r.Allowed || r.Reset != 500*ms {
+		t.Errorf("an empty bucket %+v, want refused for exactly 500ms", r)
+	}
+}
+
+// TestFixedCounterEdges: a fixed window's answers at its edges, for
+// AllowAt and ChargeAt (hits consumed whether they fit or not).
+func TestFixedCounterEdges(t *testing.T) {
+	const limit = 5
+	w := time.Second
+	t0 := 10*w + 200*time.Millisecond // 800 ms before the window ends
+	tests := []struct {
+		name      string
+		before    uint64 // hits recorded first
+		hits      uint64
+		charge    bool
+		want      Result // Bucket left out
+		countNext uint64 // the window's count afterwards (a check under a limit of 100)
+	}{
+		{"the hits that fill it", 2, 3, false, Result{Allowed: true, Recorded: true, Remaining: 0, Reset: 800 * time.Millisecond}, 5},
+		{"one too many: refused until the window ends", 2, 4, false, Result{Remaining: 3, Reset: 800 * time.Millisecond}, 2},
+		{"the whole limit after one: refused until the window ends", 1, limit, false, Result{Remaining: 4, Reset: 800 * time.Millisecond}, 1},
+		{"more than the limit: refused for a whole window", 0, limit + 1, false, Result{Remaining: 5, Reset: w}, 0},
+		{"a charge that fits", 2, 3, true, Result{Allowed: true, Recorded: true, Remaining: 0, Reset: 800 * time.Millisecond}, 5},
+		{"a charge that does not: recorded all the same", 3, 4, true, Result{Recorded: true, Remaining: 0, Reset: 800 * time.Millisecond}, 7},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := NewFixedCounter(mustSpec(t, w, 1))
+			if tt.before > 0 && !f.AllowAt(t0, tt.before, limit).Recorded {
+				t.Fatal("the first hits were refused")
+			}
+			var got Result
+			if tt.charge {
+				got = f.ChargeAt(t0, tt.hits, limit)
+			} else {
+				got = f.AllowAt(t0, tt.hits, limit)
+			}
+			got.Bucket = 0
+			if got != tt.want {
+				t.Errorf("%+v, want %+v", got, tt.want)
+			}
+			if r := f.AllowAt(t0, 0, 100); r.Remaining != 100-tt.countNext {
+				t.Errorf("count afterwards %d, want %d", 100-r.Remaining, tt.countNext)
+			}
+		})
+	}
+	// In debt (7 of 5), a charge still records and a take is refused.
+	f := NewFixedCounter(mustSpec(t, w, 1))
+	f.AllowAt(t0, 3, limit)
+	f.ChargeAt(t0, 4, limit)
+	if r := f.ChargeAt(t0, 1, limit); !r.Recorded || r.Allowed {
+		t.Errorf("a charge in debt %+v, want recorded and refused", r)
+	}
+	if r := f.AllowAt(t0, 1, limit); r.Recorded || r.Allowed {
+		t.Errorf("a take in debt %+v, want refused", r)
+	}
+	if r := f.AllowAt(t0, 0, 100); r.Remaining != 100-8 {
+		t.Errorf("count in debt %d, want 8", 100-r.Remaining)
+	}
+}
+
+// TestSizeClass: the accounted size of an allocation, at the edges of the
+// size classes it approximates.
+func TestSizeClass(t *testing.T) {
+	for _, tt := range []struct{ n, want int64 }{
+		{0, 0}, {1, 16}, {16, 16}, {17, 32}, {256, 256}, {257, 384}, {2048, 2048}, {2049, 3072},
+	} {
+		if got := sizeClass(tt.n); got != tt.want {
+			t.Errorf("sizeClass(%d) = %d, want %d", tt.n, got, tt.want)
+		}
+	}
+}
