@@ -220,6 +220,7 @@ func TestResultUnrecord(t *testing.T) {
 		}
 	}
 }
+
 // TestRefundOfAnUnknownKey: a refund for a key without a counter (never
 // used, or evicted) changes nothing and answers as a check of an empty
 // window would: allowed with the whole limit left, or, under a limit of 0,
