@@ -242,3 +242,29 @@ func TestRefundOfAnUnknownKey(t *testing.T) {
 		}
 	}
 }
+
+// TestEvictionPrefersIdleKeys: at MaxKeys, a new key evicts a key whose
+// window has passed (idle, however recently it was used) before the least
+// recently used key whose window still holds hits.
+func TestEvictionPrefersIdleKeys(t *testing.T) {
+	ctx := context.Background()
+	s := NewStore(StoreOptions{Clock: &testclock.Clock{}, MaxKeys: 2})
+	second, hour := mustSpec(t, time.Second, 1), mustSpec(t, time.Hour, 1)
+	do := func(at time.Duration, req Request) Result {
+		t.Helper()
+		res := make([]Result, 1)
+		if err := s.DoAt(ctx, at, []Request{req}, res); err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	do(5*time.Second, Request{Key: "old", Spec: hour, Limit: 10, Hits: 1})      // least recently used, still counting
+	do(10*time.Second, Request{Key: "idle", Spec: second, Limit: 10, Hits: 1}) // its window passes at 11 s
+	do(20*time.Second, Request{Key: "new", Spec: second, Limit: 10, Hits: 1})
+	if st := s.Stats(); st.Keys != 2 || st.Evictions != 1 {
+		t.Fatalf("%+v, want 2 keys after 1 eviction", st)
+	}
+	if r := do(20*time.Second, Request{Key: "old", Spec: hour, Limit: 10}); r.Remaining != 9 {
+		t.Errorf("the least recently used key lost its hit (remaining %d): the idle key should have gone", r.Remaining)
+	}
+}
