@@ -151,3 +151,91 @@ func TestLeaseCounterInStore(t *testing.T) {
 		t.Fatal("a concurrency limit above MaxLogLimit was accepted")
 	}
 }
+
+// TestLeaseCounterEdges: slots of a 10 s lease, at the edges of the rules:
+// a lease ends exactly a lease length after it started, slots taken at
+// another time by nobody are a lease of their own, a release by nobody
+// passes over named holders' slots, an undo finds a holder's lease
+// whenever it started, and the whole limit at once fits.
+func TestLeaseCounterEdges(t *testing.T) {
+	const lease = 10 * time.Second
+	t0 := time.Minute
+	sp := mustSpec(t, lease, 1)
+	const limit = 5
+	acquire := func(c *LeaseCounter, at time.Duration, holder, n uint64) Result {
+		t.Helper()
+		r := c.AcquireAt(at, holder, n, limit)
+		if !r.Recorded {
+			t.Fatalf("acquire %d for %d at %v: %+v", n, holder, at, r)
+		}
+		return r
+	}
+
+	c := NewLeaseCounter(sp)
+	acquire(c, t0, 0, 1)
+	acquire(c, t0+lease/2, 0, 1) // not merged into the first lease
+	if got := c.CountAt(t0 + lease - 1); got != 2 {
+		t.Errorf("1ns before the first lease ends: %d held, want 2", got)
+	}
+	if got := c.CountAt(t0 + lease); got != 1 {
+		t.Errorf("as the first lease ends: %d held, want the second's 1", got)
+	}
+
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 7, 1) // a named holder's slot first
+	acquire(c, t0, 0, 2)
+	c.ReleaseAt(t0, 0, 2)
+	if got := c.CountAt(t0); got != 1 {
+		t.Errorf("after nobody released 2 of 2: %d held, want holder 7's 1", got)
+	}
+	c.ReleaseAt(t0, 7, 1)
+	if got := c.CountAt(t0); got != 0 {
+		t.Errorf("after holder 7 released: %d held, want 0", got)
+	}
+
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 0, 1)
+	acquire(c, t0, 7, 1) // a named holder at the same time: a lease of its own
+	c.ReleaseAt(t0, 7, 1)
+	if got := c.CountAt(t0); got != 1 {
+		t.Errorf("after holder 7 released its own: %d held, want nobody's 1", got)
+	}
+
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 7, 1)
+	second := acquire(c, t0+time.Second, 7, 1)
+	c.undoAt(second.Bucket, 7, 1)
+	if got := c.CountAt(t0 + time.Second); got != 1 {
+		t.Errorf("after undoing holder 7's second acquire: %d held, want 1", got)
+	}
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 0, 1)
+	second = acquire(c, t0+5*time.Second, 0, 1)
+	c.undoAt(second.Bucket, 0, 1) // nobody's lease that started then
+	if got := c.CountAt(t0 + lease); got != 0 {
+		t.Errorf("after undoing nobody's second lease: %d held as the first ends, want 0", got)
+	}
+
+	// When refused, the time until enough leases end.
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 0, 2)
+	acquire(c, t0+2*time.Second, 0, 2)
+	if r := c.AcquireAt(t0+3*time.Second, 0, 3, limit); r.Allowed || r.Reset != 7*time.Second {
+		t.Errorf("3 more with 4 of 5 held: %+v, want refused until the first lease ends in 7s", r)
+	}
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 0, 1)
+	if r := c.AcquireAt(t0+3*time.Second, 0, limit, limit); r.Allowed || r.Reset != 7*time.Second {
+		t.Errorf("the whole limit with 1 held: %+v, want refused until it ends in 7s", r)
+	}
+
+	c = NewLeaseCounter(sp)
+	if r := c.AcquireAt(t0, 0, limit, limit); !r.Allowed {
+		t.Errorf("the whole limit at once: %+v, want allowed", r)
+	}
+	c = NewLeaseCounter(sp)
+	acquire(c, t0, 0, 3)
+	if r := c.AcquireAt(t0, 0, 3, limit); r.Allowed || r.Recorded {
+		t.Errorf("3 more with 3 of 5 held: %+v, want refused", r)
+	}
+}
