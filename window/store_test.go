@@ -258,7 +258,7 @@ func TestEvictionPrefersIdleKeys(t *testing.T) {
 		}
 		return res[0]
 	}
-	do(5*time.Second, Request{Key: "old", Spec: hour, Limit: 10, Hits: 1})      // least recently used, still counting
+	do(5*time.Second, Request{Key: "old", Spec: hour, Limit: 10, Hits: 1})     // least recently used, still counting
 	do(10*time.Second, Request{Key: "idle", Spec: second, Limit: 10, Hits: 1}) // its window passes at 11 s
 	do(20*time.Second, Request{Key: "new", Spec: second, Limit: 10, Hits: 1})
 	if st := s.Stats(); st.Keys != 2 || st.Evictions != 1 {
