@@ -579,3 +579,28 @@ func FuzzLogCounterMatchesReference(f *testing.F) {
 		}
 	})
 }
+
+// TestLogCounterIdle: a sliding log is idle (the Store may drop it) when
+// empty, or once its newest hit is a window old, to the nanosecond.
+func TestLogCounterIdle(t *testing.T) {
+	w := time.Second
+	l := NewLogCounter(mustSpec(t, w, 1))
+	t0 := 5 * w
+	if !l.idleAt(t0) {
+		t.Error("an empty log is not idle")
+	}
+	l.AllowAt(t0, 1, 10)
+	l.AllowAt(t0+w/2, 1, 10)
+	for _, tt := range []struct {
+		at   time.Duration
+		idle bool
+	}{
+		{t0 + w, false},           // the first hit left, the second has not
+		{t0 + w/2 + w - 1, false}, // 1ns before the newest leaves
+		{t0 + w/2 + w, true},
+	} {
+		if got := l.idleAt(tt.at); got != tt.idle {
+			t.Errorf("idle at %v: %v, want %v", tt.at, got, tt.idle)
+		}
+	}
+}
