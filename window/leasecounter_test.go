@@ -2,6 +2,7 @@ package window
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -237,5 +238,45 @@ func TestLeaseCounterEdges(t *testing.T) {
 	acquire(c, t0, 0, 3)
 	if r := c.AcquireAt(t0, 0, 3, limit); r.Allowed || r.Recorded {
 		t.Errorf("3 more with 3 of 5 held: %+v, want refused", r)
+	}
+}
+
+// TestLeaseCounterAccountsItsBytes: as holders come and go, the growth a
+// lease counter reports (which the Store adds to its accounted bytes) sums
+// to its footprint, a growing list is not shrunk on the way, and a list
+// that empties gives its room back.
+func TestLeaseCounterAccountsItsBytes(t *testing.T) {
+	c := NewLeaseCounter(mustSpec(t, time.Minute, 1))
+	t0 := time.Hour
+	accounted := c.footprint()
+	check := func(what string) {
+		t.Helper()
+		accounted += c.takeGrowth()
+		if fp := c.footprint(); accounted != fp {
+			t.Fatalf("%s: %d bytes accounted, footprint %d", what, accounted, fp)
+		}
+	}
+	resizes, last := 0, cap(c.leases)
+	for h := uint64(1); h <= 100; h++ {
+		if !c.AcquireAt(t0, h, 1, 1000).Recorded {
+			t.Fatalf("holder %d refused", h)
+		}
+		check(fmt.Sprint("holder ", h, " in"))
+		if cap(c.leases) != last {
+			resizes, last = resizes+1, cap(c.leases)
+		}
+	}
+	if resizes > 12 { // appends double: about log2(100)
+		t.Errorf("the list was resized %d times while growing to 100: it shrinks as it grows", resizes)
+	}
+	if got := cap(c.leases); got < 100 {
+		t.Fatalf("100 leases in a list of capacity %d", got)
+	}
+	for h := uint64(1); h < 100; h++ {
+		c.ReleaseAt(t0, h, 1)
+		check(fmt.Sprint("holder ", h, " out"))
+	}
+	if got := cap(c.leases); got > 32 {
+		t.Errorf("one lease left in a list of capacity %d: its room was not given back", got)
 	}
 }
