@@ -535,3 +535,19 @@ func TestBucketCounterFirstUseLate(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketCounterRefundReachesTheOldestBucket: a hit counts until its
+// bucket is a whole window behind the current one (1.1 s here, for 10
+// buckets of 100 ms), and a refund until then takes it back from there.
+func TestBucketCounterRefundReachesTheOldestBucket(t *testing.T) {
+	c := NewBucketCounter(mustSpec(t, time.Second, 10))
+	t0 := 5 * time.Second
+	c.AllowAt(t0, 1, 10)
+	if got := c.CountAt(t0 + time.Second); got != 1 {
+		t.Fatalf("a window later, in the oldest bucket still counted: count %d, want 1", got)
+	}
+	c.RefundAt(t0+time.Second, 1)
+	if got := c.CountAt(t0 + time.Second); got != 0 {
+		t.Errorf("after a refund from the oldest bucket: count %d, want 0", got)
+	}
+}
