@@ -69,9 +69,6 @@ func TestDepthCap(t *testing.T) {
 // descriptors loads; one more, over several xDS resources of the domain
 // (merged), is refused naming the domain.
 func TestDescriptorsPerDomainCap(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds 100,000 descriptors")
-	}
 	resources := func(n int) []*rlsconfv3.RateLimitConfig {
 		var cfgs []*rlsconfv3.RateLimitConfig
 		for r := 0; n > 0; r++ {
