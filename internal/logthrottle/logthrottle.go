@@ -5,6 +5,7 @@ package logthrottle
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -21,6 +22,7 @@ type Throttle struct {
 	// Now reads the time; if nil, time.Now.
 	Now func() time.Time
 
+	mu         sync.Mutex   // held by the one call that writes a line
 	last       atomic.Int64 // unix nanoseconds of the last line written; 0: none yet
 	suppressed atomic.Int64 // lines held back since
 }
@@ -33,13 +35,30 @@ func (t *Throttle) Warn(logger *slog.Logger, msg string, args ...any) {
 		clock = time.Now
 	}
 	now := clock().UnixNano()
-	last := t.last.Load()
-	if (last != 0 && now-last < int64(Interval)) || !t.last.CompareAndSwap(last, now) {
+	if t.holds(now) { // the common case under a flood: no lock
 		t.suppressed.Add(1)
 		return
 	}
-	if n := t.suppressed.Swap(0); n > 0 {
+	t.mu.Lock()
+	if t.holds(now) {
+		t.mu.Unlock()
+		t.suppressed.Add(1)
+		return
+	}
+	// Take the count before the line's time is set: a call held back from
+	// then on counts toward the next line, not this one.
+	n := t.suppressed.Swap(0)
+	t.last.Store(now)
+	t.mu.Unlock()
+	if n > 0 {
 		args = append(args, "suppressed", n)
 	}
 	logger.Warn(msg, args...)
+}
+
+// holds reports whether a line at now is held back: one was written less
+// than Interval before.
+func (t *Throttle) holds(now int64) bool {
+	last := t.last.Load()
+	return last != 0 && now-last < int64(Interval)
 }
