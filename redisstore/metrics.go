@@ -56,7 +56,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		reservations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "leapgate_redis_reservations_total",
-			Help: "Calls for blocks of quota spent locally (REDIS_RESERVATION), by event: granted (a new block), renewed (settled and topped up), returned (given back, or nothing granted), failed.",
+			Help: "Calls for blocks of quota spent locally (REDIS_RESERVATION), by event: granted (a new block), renewed (settled and topped up), cut (not renewed: the key came near its limit; given back at once), returned (given back, or nothing granted), failed.",
 		}, []string{"event"}),
 		blockAnswers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "leapgate_redis_block_answers_total",
@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	m.ops = map[string]opMetrics{}
-	for _, event := range []string{"granted", "renewed", "returned", "failed"} {
+	for _, event := range []string{"granted", "renewed", "cut", "returned", "failed"} {
 		m.reservations.WithLabelValues(event)
 	}
 	for _, op := range []string{"do", "undo", "ping", "reserve"} {

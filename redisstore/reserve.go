@@ -23,34 +23,42 @@ import (
 //   - the replica spends it only until its deadline, the time the request
 //     for it was sent plus the validity V (so before the grant's time plus
 //     V, by Redis's clock, whatever the replicas' clocks say), and settles
-//     it before Redis's exp (the grant's time plus V and a grace): the hits it spent
-//     are then recorded at the settling time, no earlier than any of them,
-//     and the rest is given back; a block not settled by then is taken as
-//     spent in full;
-//   - blocks are only for keys far from their limit: a grant is made only
-//     if the demand it is sized for, over a whole window, from this replica
-//     and every other that holds a block, fits in what the limit has left
-//     (so a burst that would reach the limit, or steady traffic near it,
-//     goes to Redis hit by hit, as without blocks); and it takes at most an
-//     eighth of what is left, so blocks shrink to nothing as a key
-//     approaches its limit.
+//     it before Redis's exp (the grant's time plus V and a grace): the hits
+//     it spent are then recorded at the time of the newest of them (the
+//     replica sends how long ago that was, measured on its own clock up to
+//     the sending, so Redis's time minus it is no earlier), never later
+//     than the grant's time plus V, and the rest is given back; a block not
+//     settled by then is taken as spent in full, at the grant's time plus
+//     V; so how late a settling runs costs no capacity;
+//   - blocks are only for keys far from their limit: a grant, and a
+//     renewal, is made only if the demand it is sized for, over a whole
+//     window, from this replica and every other that holds a block, fits
+//     in what the limit has left (so a burst that would reach the limit,
+//     or steady traffic near it, goes to Redis hit by hit, as without
+//     blocks); it takes at most an eighth of what is left, so blocks
+//     shrink to nothing as a key approaches its limit; and a held block
+//     that is no longer far from the limit is cut: not renewed, and given
+//     back at once.
 //
 // The block's size follows the key's demand on this replica: twice the hits
 // asked in the last validity, so that an idle replica strands little. A
-// block is topped up (the hits spent settled, more granted, the deadline
-// moved on) when a quarter of it is left or its deadline is an eighth of V
-// away, without a pause in local answers; a block left idle for half of V
-// is given back whole.
+// first block is asked for only once the key has been busy on this replica
+// for a whole validity, so that a burst shorter than that (a cron job) is
+// never taken for steady demand and never left holding hits it no longer
+// needs. A block is topped up (the hits spent settled, more granted, the
+// deadline moved on) when a quarter of it is left or its deadline is an
+// eighth of V away, without a pause in local answers; a block left idle
+// for half of V is given back whole.
 
 // DefaultReservationKeys is Options.ReservationKeys when it is 0.
 const DefaultReservationKeys = 100_000
 
 // reservationShares is how many validities a counter's window holds at
 // least: V is at most W/reservationShares. A hit spent from a block is
-// recorded when the block is settled, up to V after it was spent, so it
-// may count up to V longer than it would have: at most a 32nd of a window,
-// which is what blocks cost in capacity (TestReservationsNeverOvershootAWindow
-// measures it against an exact log).
+// recorded at the newest hit the block spent before its settling, up to V
+// after it was spent, so it may count up to V longer than it would have: at
+// most a 32nd of a window (TestReservationsNeverOvershootAWindow and
+// TestBlocksCostCronNothing measure what blocks cost against an exact log).
 const reservationShares = 32
 
 // reserver is a Store's table of blocks, by counter key.
@@ -109,7 +117,10 @@ type block struct {
 	// pending: a call for this block is queued or in flight; giveBack:
 	// that call gives the block back (nothing is spent meanwhile).
 	pending, giveBack bool
-	lastUse           time.Duration
+	// lastUse is when the block last answered (or was asked for);
+	// lastSpent when it last answered hits, so no earlier than any of
+	// spent (Redis records them at that time).
+	lastUse, lastSpent time.Duration
 	// seen is when a request for the key last went to Redis; demand the
 	// hits asked since since.
 	seen, since time.Duration
@@ -215,6 +226,9 @@ func (rv *reserver) take(reqs []window.Request, keys []string, now time.Duration
 	for i := range reqs {
 		r, b := &reqs[i], blocks[i]
 		b.lastUse = now
+		if r.Hits > 0 {
+			b.lastSpent = now
+		}
 		b.demand += r.Hits
 		results[i] = window.Result{
 			Allowed:   true,
@@ -260,8 +274,9 @@ func farFromLimit(remaining, want uint64, w, v time.Duration) bool {
 const resMin = 4
 
 // sawRemote notes the requests reqs[idx] that Redis answered (results):
-// a key asked for twice within the validity, with room for a block, gets
-// one, and a held block that could not answer is topped up.
+// a key asked for twice within the validity, whose demand over at least
+// one validity leaves room for a block, gets one, and a held block that
+// could not answer is topped up.
 func (rv *reserver) sawRemote(reqs []window.Request, results []window.Result, keys []string, idx []int, now time.Duration) {
 	for _, i := range idx {
 		if r := &reqs[i]; rv.eligible(r, now) {
@@ -283,8 +298,15 @@ func (rv *reserver) sawOne(sh *shard, r *window.Request, res *window.Result, key
 		}
 		return
 	}
+	v := rv.validFor(r.Spec)
+	// After a pause of a validity (no request to Redis or to the block)
+	// the key's demand is measured afresh: a burst after it is not
+	// averaged with the quiet time before it.
+	paused := now-max(b.seen, b.lastUse) >= v
+	if paused {
+		b.demand, b.since = 0, now
+	}
 	b.demand += r.Hits
-	busy := now-b.seen < rv.validFor(r.Spec)
 	b.seen = now
 	if b.holder != 0 {
 		// Redis's answer is fresher: it excludes the whole block, which
@@ -293,12 +315,19 @@ func (rv *reserver) sawOne(sh *shard, r *window.Request, res *window.Result, key
 	}
 	switch {
 	case b.pending:
+	case paused:
+		if b.holder != 0 {
+			// Its deadline has passed (a validity after its last
+			// use): given back, not topped up; a new block waits
+			// for demand measured from now.
+			rv.enqueue(key, b, true)
+		}
 	case b.holder != 0:
 		if !b.spendable(r, now) || b.avail < need(r.Hits) {
 			b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
 			rv.enqueue(key, b, false)
 		}
-	case busy && now >= b.retryAt && farFromLimit(res.Remaining, b.want(rv.validFor(r.Spec), now), r.Spec.Length(), rv.validFor(r.Spec)):
+	case now >= b.retryAt && now-b.since >= v && farFromLimit(res.Remaining, b.want(v, now), r.Spec.Length(), v):
 		b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
 		rv.enqueue(key, b, false)
 	}

@@ -127,6 +127,15 @@ func TestTakeAnswersAndTopsUp(t *testing.T) {
 			if b.pending != tt.topUp {
 				t.Errorf("top-up asked %t, want %t", b.pending, tt.topUp)
 			}
+			// The time of the newest hit spent is what Redis records
+			// the block's hits at; a check spends none.
+			var spentAt time.Duration
+			if tt.hits > 0 {
+				spentAt = now
+			}
+			if b.lastSpent != spentAt {
+				t.Errorf("last spent at %v, want %v", b.lastSpent, spentAt)
+			}
 		})
 	}
 	// More hits than the block holds: not answered, nothing spent.
@@ -150,14 +159,25 @@ func TestSawRemote(t *testing.T) {
 		ask     bool
 		remains uint64
 	}{
-		{"seen within the validity", block{since: now - sec, seen: now - sec, demand: 10}, true, 0},
+		{"seen within the validity, busy for one", block{since: now - 2*sec, seen: now - sec, demand: 10}, true, 0},
 		{"seen a validity ago", block{since: now - 2*sec, seen: now - 2*sec, demand: 10}, false, 0},
-		{"at its retry time", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now}, true, 0},
-		{"before it", block{since: now - sec, seen: now - sec, demand: 10, retryAt: now + 1}, false, 0},
+		// After a pause of a validity, demand is measured afresh: a
+		// burst is not averaged with the quiet time before it.
+		{"seen a validity ago, long busy before", block{since: now - 60*sec, seen: now - 2*sec, demand: 10}, false, 0},
+		// A first block waits for a validity's worth of demand: a burst
+		// shorter than that is not steady demand.
+		{"busy for less than a validity", block{since: now - 2*sec + 1, seen: now - sec, demand: 10}, false, 0},
+		{"too busy for the room", block{since: now - 2*sec, seen: now - sec, demand: 30_000}, false, 0},
+		{"at its retry time", block{since: now - 2*sec, seen: now - sec, demand: 10, retryAt: now}, true, 0},
+		{"before it", block{since: now - 2*sec, seen: now - sec, demand: 10, retryAt: now + 1}, false, 0},
 		{"held: Redis's remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5}, false, 900_000},
 		// A batch goes to Redis when any of its requests does not fit a block.
 		{"held, with just the hits", block{holder: 1, spec: sp, limit: 1_000_000, avail: 1, deadline: now + sec, seen: now - sec}, false, 900_000},
 		{"held, without them: topped up", block{holder: 1, spec: sp, limit: 1_000_000, avail: 0, deadline: now + sec, seen: now - sec}, true, 900_000},
+		// Unused for a validity (so past its deadline): given back, not
+		// topped up with demand measured over the pause.
+		{"held, unused for a validity: given back", block{holder: 1, spec: sp, limit: 1_000_000, avail: 9, deadline: now, seen: now - 3*sec, lastUse: now - 2*sec, since: now - 9*sec, demand: 50}, true, 900_000},
+		{"held, used within a validity: topped up", block{holder: 1, spec: sp, limit: 1_000_000, avail: 9, deadline: now, seen: now - 3*sec, lastUse: now - 2*sec + 1, since: now - 9*sec, demand: 50}, true, 900_000},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rv := testReserver(t, 0)
@@ -167,6 +187,16 @@ func TestSawRemote(t *testing.T) {
 			rv.sawOne(sh, r, far, "k", now)
 			if b.pending != tt.ask {
 				t.Errorf("block asked %t, want %t", b.pending, tt.ask)
+			}
+			if b.seen != now {
+				t.Errorf("seen %v, want now", b.seen)
+			}
+			paused := max(tt.b.seen, tt.b.lastUse) <= now-2*sec
+			if paused && (b.since != now || b.demand != r.Hits) {
+				t.Errorf("after a pause: demand %d since %v, want %d since now", b.demand, b.since, r.Hits)
+			}
+			if b.giveBack != (paused && tt.b.holder != 0) {
+				t.Errorf("given back %v", b.giveBack)
 			}
 			if b.remaining != tt.remains {
 				t.Errorf("remaining %d, want %d", b.remaining, tt.remains)
@@ -300,7 +330,7 @@ func TestApplyAnswers(t *testing.T) {
 		name     string
 		giveBack bool
 		used     float64 // -1: a new block
-		vals     []int64 // found, total, remaining, _, granted at
+		vals     []int64 // status, total, remaining, _, granted at
 		err      error
 		want     func(b *block)
 		event    string
@@ -317,6 +347,12 @@ func TestApplyAnswers(t *testing.T) {
 		{"renewed with more spent in flight than granted", false, 3, []int64{1, 2, 40, 0, 2}, nil, func(b *block) {
 			b.holder, b.avail, b.remaining, b.grantedAt, b.deadline = 9, 0, 40, 2, sent+sec
 		}, "renewed"},
+		// Near the limit: Redis kept the block unrenewed; it goes back at
+		// once (the deadline and grant stand; the hits spent in flight
+		// are settled by the give-back).
+		{"cut: given back at once", false, 3, []int64{2, 10, 40, 0, 2}, nil, func(b *block) {
+			b.avail, b.remaining, b.pending, b.giveBack = 10-3, 40, true, true
+		}, "cut"},
 		{"granted anew: covers what was spent", false, -1, []int64{0, 10, 40, 0, 2}, nil, func(b *block) {
 			b.holder, b.avail, b.spent, b.remaining, b.grantedAt, b.deadline = 9, 10, 0, 40, 2, sent+sec
 		}, "granted"},
@@ -345,7 +381,10 @@ func TestApplyAnswers(t *testing.T) {
 			if !reflect.DeepEqual(b, want) {
 				t.Errorf("block\n %+v\nwant\n %+v", b, want)
 			}
-			for _, event := range []string{"granted", "renewed", "returned", "failed"} {
+			if queued := len(rv.queue) == 1; queued != (tt.event == "cut") {
+				t.Errorf("a call queued: %v", queued)
+			}
+			for _, event := range []string{"granted", "renewed", "cut", "returned", "failed"} {
 				want := 0.0
 				if event == tt.event {
 					want = 1
@@ -353,6 +392,30 @@ func TestApplyAnswers(t *testing.T) {
 				if got := testutil.ToFloat64(rv.s.metrics.reservations.WithLabelValues(event)); got != want {
 					t.Errorf("%s events %v, want %v", event, got, want)
 				}
+			}
+		})
+	}
+}
+
+// TestCallAt: what a queued call becomes when the reserver gets to send
+// it. Blocks of 2 s.
+func TestCallAt(t *testing.T) {
+	const now, v = 100 * sec, 2 * sec
+	for _, tt := range []struct {
+		name           string
+		b              block
+		send, giveBack bool
+	}{
+		{"a give-back", block{holder: 1, giveBack: true, seen: now, lastUse: now}, true, true},
+		{"a top-up, the key busy", block{holder: 1, seen: now - 5*sec, lastUse: now - sec + 1}, true, false},
+		{"a top-up, the key idle for half a validity: given back", block{holder: 1, seen: now - 5*sec, lastUse: now - sec}, true, true},
+		{"a first block, the key busy", block{seen: now - sec + 1}, true, false},
+		{"a first block, the key idle for half a validity: not asked for", block{seen: now - sec}, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			send, giveBack := tt.b.callAt(now, v)
+			if send != tt.send || (send && giveBack != tt.giveBack) {
+				t.Errorf("send %v, give back %v; want %v, %v", send, giveBack, tt.send, tt.giveBack)
 			}
 		})
 	}

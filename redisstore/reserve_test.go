@@ -231,10 +231,11 @@ func TestReserveScript(t *testing.T) {
 	sp := mustSpec(t, time.Second, 1)
 	type grant struct{ found, total, remaining int64 }
 	grace := v
+	var age time.Duration // of the newest hit spent
 	reserve := func(key string, limit uint64, holder, used float64, want uint64) grant {
 		t.Helper()
 		req := window.Request{Key: key, Spec: sp}
-		calls := []call{s.reserveCall(s.counterKey(&req), sp, limit, holder, used, want, v, grace)}
+		calls := []call{s.reserveCall(s.counterKey(&req), sp, limit, holder, used, age, want, v, grace)}
 		if err := s.runReserve(ctx, calls); err != nil {
 			t.Fatal(err)
 		}
@@ -323,4 +324,207 @@ func TestReserveScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("99,000 with 1,000 reserved", res[0].Allowed, true)
+
+	// The hits a block spent are recorded at the newest of them (the
+	// replica says how long ago it was), however late the settling, so a
+	// slow settling costs no capacity.
+	const ms = time.Millisecond
+	// resetOf is the Reset of a check of key: when the newest hits
+	// counted leave the window.
+	resetOf := func(key string) time.Duration {
+		t.Helper()
+		res, err := s.Do(ctx, []window.Request{{Key: key, Spec: sp, Limit: l}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Reset
+	}
+	expect("grant", reserve("aged", l, 30, -1, 100), grant{0, 100, l - 100})
+	clock.Advance(8 * ms)
+	age = 6 * ms
+	expect("settled 8 ms on, the newest hit 6 ms before", reserve("aged", l, 30, 5, 0), grant{1, 0, l - 5})
+	age = 0
+	expect("they leave a window after the newest", resetOf("aged"), time.Second-6*ms)
+	// Never later than the block's useEnd (V after the grant): none was
+	// spent after it.
+	grace = 100 * ms
+	expect("grant", reserve("capped", l, 31, -1, 100), grant{0, 100, l - 100})
+	clock.Advance(40 * ms)
+	expect("settled 30 ms after useEnd", reserve("capped", l, 31, 3, 0), grant{1, 0, l - 3})
+	expect("recorded at useEnd", resetOf("capped"), time.Second-30*ms)
+	grace = v
+	// A block nobody settled counts in full from its useEnd, not from
+	// when it is noticed.
+	expect("grant", reserve("unsettled", l, 32, -1, 100), grant{0, 100, l - 100})
+	clock.Advance(500 * ms)
+	expect("noticed 490 ms after useEnd: spent in full", remaining("unsettled", l), uint64(l-100))
+	expect("from useEnd", resetOf("unsettled"), time.Second-490*ms)
+	// Never before the newest hits already counted (the log's stamps stay
+	// in order): an older block hit counts from the newer hit's time.
+	t0 := clock.Now()
+	expect("grant", reserve("ordered", l, 33, -1, 100), grant{0, 100, l - 100})
+	clock.Advance(5 * ms)
+	if _, err := s.Do(ctx, []window.Request{{Key: "ordered", Spec: sp, Limit: l, Hits: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(3 * ms)
+	age = 8 * ms // spent at the grant, before that hit
+	expect("settled", reserve("ordered", l, 33, 2, 0), grant{1, 0, l - 3})
+	age = 0
+	clock.Set(t0 + time.Second + 2*ms)
+	expect("a window after the block's hit, before the newer one's", remaining("ordered", l), uint64(l-3))
+	clock.Set(t0 + time.Second + 6*ms) // stamps are rounded up to a tick (16 us)
+	expect("a window after the newer hit", remaining("ordered", l), uint64(l))
+
+	// A held block on a key that came near its limit is cut: the hits it
+	// spent are settled, the rest stays held as it was (not renewed, its
+	// exp unchanged) for the replica to give back at once.
+	expect("grant", reserve("cut", l, 34, -1, 100), grant{0, 100, l - 100})
+	if _, err := s.Do(ctx, []window.Request{{Key: "cut", Spec: sp, Limit: l, Hits: 60_000}}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(5 * ms)
+	// 39,900 left: a block of 1,000 stands for 100,000 a window.
+	expect("near the limit: cut", reserve("cut", l, 34, 10, 1000), grant{2, 90, 39_900})
+	clock.Advance(15 * ms) // the grant's exp (V plus a grace of V)
+	expect("not renewed: gone at its first exp", reserve("cut", l, 34, 0, 0), grant{0, 0, 39_900})
+	// Far from it, the same call renews.
+	expect("grant", reserve("renew", l, 35, -1, 100), grant{0, 100, l - 100})
+	clock.Advance(5 * ms)
+	expect("far from the limit: renewed", reserve("renew", l, 35, 10, 100), grant{1, 100, l - 110})
+	clock.Advance(15 * ms)
+	expect("held past the first grant's exp", reserve("renew", l, 35, 0, 0), grant{1, 0, l - 10})
+}
+
+// TestBlocksCostCronNothing: two replicas with blocks, on one clock that is
+// both theirs and Redis's, serve a client that sends a whole limit at once,
+// after a quiet spell in which every earlier hit has left the window. An
+// exact sliding log admits every request of such a burst, and so must the
+// blocks, however late the calls for blocks run: after each busy spell the
+// clock moves a tenth of a window before the reserver gets to run, as it
+// does when its goroutine or Redis is slow. Two clients: a cron job whose
+// bursts start slowly (two requests, two more a 40th of a window later, as
+// goroutines started under load send them), which must not be taken for
+// steady demand; and a client steady far below its limit (its requests
+// answered from blocks) that then sends the whole limit at once, which
+// must not find hits its blocks spent still counted (recorded at the late
+// settling rather than when they were spent).
+//
+// The window is 20 s (blocks valid for a 32nd of it), so that the fake
+// clock, which never falls behind real time (Redis expires keys by its own
+// clock, by TTLs set in fake time), runs well ahead of it: the requests
+// fall at the fake times the test gives them, however slow the machine.
+func TestBlocksCostCronNothing(t *testing.T) {
+	r := redistest.Start(t)
+	clock := testclock.At(base)
+	var stores []*Store
+	reg := prometheus.NewRegistry()
+	for i := range 2 {
+		st := settingsFor(r.Addr())
+		st.Reservation = time.Second // capped at W/32
+		opts := Options{Clock: clock}
+		if i == 0 {
+			opts.Registry = reg
+		}
+		s := withFakeTime(newTestStore(t, st, opts), clock)
+		waitHealthy(t, s)
+		stores = append(stores, s)
+	}
+	const w = 20 * time.Second
+	sp := mustSpec(t, w, 1)
+	ctx := context.Background()
+	start := time.Now()
+	tick := func(d time.Duration) { clock.Set(max(clock.Now()+d, base+time.Since(start))) }
+	reserverRuns := func() { time.Sleep(3 * time.Millisecond) }
+
+	for _, tt := range []struct {
+		name  string
+		limit uint64
+		// busy sends a busy spell's requests through send (alternating
+		// replicas), moving the clock with tick.
+		busy   func(send func(), tick func(time.Duration))
+		blocks bool // whether blocks must answer some requests
+	}{
+		{"cron, slow start", 100, func(send func(), tick func(time.Duration)) {
+			send()
+			send()
+			tick(w / 40)
+			send()
+			send()
+			reserverRuns()
+			for i := range 96 { // within a 50th of the window
+				tick(w / 5000)
+				send()
+				if i%8 == 0 {
+					reserverRuns()
+				}
+			}
+		}, false},
+		{"steady far from the limit, then all of it", 1000, func(send func(), tick func(time.Duration)) {
+			for i := range 400 { // a fifth of the limit a window, for two windows
+				tick(w / 200)
+				send()
+				if i%8 == 0 {
+					reserverRuns()
+				}
+			}
+			tick(w / 10) // the reserver runs late
+			reserverRuns()
+			tick(w + w/30) // the steady hits have left
+			// The whole limit within a 50th of the window.
+			for i := range 1000 {
+				tick(w / 50_000)
+				send()
+				if i%64 == 0 {
+					reserverRuns()
+				}
+			}
+		}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := []window.Request{{Key: tt.name, Spec: sp, Limit: tt.limit, Hits: 1, Veto: true}}
+			var offered, admitted []time.Duration
+			var refusals []string // the first few, to tell what refused
+			sent := 0
+			send := func() {
+				res, err := stores[sent%2].Do(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent++
+				offered = append(offered, clock.Now())
+				if res[0].Recorded {
+					admitted = append(admitted, clock.Now())
+				} else if len(refusals) < 10 {
+					refusals = append(refusals, fmt.Sprintf("request %d at %v: reset %v", sent, clock.Now()-base, res[0].Reset))
+				}
+			}
+			answers := gatherCounter(t, reg, "leapgate_redis_block_answers_total")
+			for range 5 {
+				tt.busy(send, tick)
+				tick(w / 10) // the reserver runs late
+				reserverRuns()
+				tick(w + w/30)
+			}
+			if behind := time.Since(start) - (clock.Now() - base); behind > 0 {
+				t.Fatalf("real time ran %v ahead of the fake clock: the requests did not fall at the times given", behind)
+			}
+			exact := exactLogAdmits(offered, int(tt.limit), w)
+			fromBlocks := gatherCounter(t, reg, "leapgate_redis_block_answers_total") - answers
+			t.Logf("offered %d, admitted %d, an exact sliding log admits %d; one replica answered %.0f from blocks",
+				len(offered), len(admitted), exact, fromBlocks)
+			if tt.blocks && fromBlocks == 0 {
+				t.Error("no request was answered from a block: the test does not exercise them")
+			}
+			if len(admitted) != exact {
+				t.Errorf("admitted %d, want the exact log's %d; refused: %q", len(admitted), exact, refusals)
+			}
+			limit := int(tt.limit)
+			for i := limit; i < len(admitted); i++ {
+				if admitted[i]-admitted[i-limit] < w {
+					t.Fatalf("%d admitted within %v from %v", limit+1, admitted[i]-admitted[i-limit], admitted[i-limit]-base)
+				}
+			}
+		})
+	}
 }

@@ -85,6 +85,22 @@ func (rv *reserver) sweep(now time.Duration) {
 	}
 }
 
+// callAt is what b's queued call is when it is sent at now (v its
+// validity): a give-back when one was asked for; when the key has gone
+// idle (no request for half of v) while the call waited (a slow round
+// trip, a starved goroutine), no call if no block is held (none is
+// wanted now) and a give-back if one is (it is not renewed for nobody);
+// else the top-up (or first grant) asked for.
+func (b *block) callAt(now, v time.Duration) (send, giveBack bool) {
+	switch {
+	case b.giveBack:
+		return true, true
+	case now-max(b.seen, b.lastUse) >= v/2:
+		return b.holder != 0, true
+	}
+	return true, false
+}
+
 // reservation is one queued call as sent.
 type reservation struct {
 	key      string
@@ -94,6 +110,8 @@ type reservation struct {
 	want     uint64
 	giveBack bool
 	sent     time.Duration
+	// age is how long before sent the newest of the used hits was spent.
+	age time.Duration
 }
 
 // send asks Redis for every key's block in one job (one script call per
@@ -110,18 +128,28 @@ func (rv *reserver) send(ctx context.Context, keys []string) {
 			sh.mu.Unlock()
 			continue
 		}
+		v := rv.validFor(b.spec)
+		send, giveBack := b.callAt(now, v)
+		if !send {
+			b.pending = false
+			sh.mu.Unlock()
+			continue
+		}
+		b.giveBack = giveBack
 		op := reservation{key: k, b: b, holder: b.holder, used: float64(b.spent), giveBack: b.giveBack, sent: now}
+		if b.spent > 0 {
+			op.age = max(now-b.lastSpent, 0)
+		}
 		if b.holder == 0 {
 			op.holder, op.used = rv.nextHolder(), -1
 		}
-		v := rv.validFor(b.spec)
 		if !op.giveBack {
 			op.want = b.want(v, now)
 		}
 		b.spent = 0
 		b.demand, b.since = 0, now
 		ops = append(ops, op)
-		calls = append(calls, rv.s.reserveCall(k, b.spec, b.limit, op.holder, op.used, op.want, v, rv.grace(v)))
+		calls = append(calls, rv.s.reserveCall(k, b.spec, b.limit, op.holder, op.used, op.age, op.want, v, rv.grace(v)))
 		sh.mu.Unlock()
 	}
 	if len(ops) == 0 {
@@ -162,25 +190,31 @@ func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration
 		return
 	}
 	v := c.vals
-	found, total := v[0] == 1, uint64(v[1])
+	status, total := v[0], uint64(v[1])
 	switch {
 	case op.giveBack || total == 0:
 		rv.s.metrics.reservations.WithLabelValues("returned").Inc()
 		b.holder, b.avail, b.spent = 0, 0, 0
 		b.retryAt = now + rv.validFor(b.spec)
 		return
-	case found:
-		rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
-	default:
-		rv.s.metrics.reservations.WithLabelValues("granted").Inc()
-	}
-	if found {
+	case status == resCut:
+		// The key came near its limit: Redis kept the block as it was
+		// (its deadline stands) and it goes back at once, with the hits
+		// spent meanwhile.
+		rv.s.metrics.reservations.WithLabelValues("cut").Inc()
+		b.avail = total - min(b.spent, total)
+		b.remaining = uint64(v[2])
+		rv.enqueue(op.key, b, true)
+		return
+	case status == resRenewed:
 		// The block Redis holds covers the hits spent while the call
 		// was in flight: they are settled next time.
+		rv.s.metrics.reservations.WithLabelValues("renewed").Inc()
 		b.avail = total - min(b.spent, total)
-	} else {
+	default:
 		// A new block; or Redis took the old one as spent in full,
 		// which covers the hits spent in flight.
+		rv.s.metrics.reservations.WithLabelValues("granted").Inc()
 		b.avail, b.spent = total, 0
 	}
 	b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
@@ -229,14 +263,25 @@ func (rv *reserver) close(ctx context.Context) {
 	}
 }
 
+// The status of a reservation's answer (SlidingWindow.reserve's RES_*),
+// when it is not 0 (the block was not held: a new one, or one Redis lost
+// or took as spent): held and renewed, or held and cut (not renewed, the
+// key being near its limit: to be given back at once).
+const (
+	resRenewed = 1
+	resCut     = 2
+)
+
 // reserveCall is the allow-script group of one reservation of key (a
 // counter key) on a sliding window of spec and limit: see
-// SlidingWindow.reserve in lua/sliding_window.lua.
-func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, want uint64, validity, grace time.Duration) call {
+// SlidingWindow.reserve in lua/sliding_window.lua. used hits were spent,
+// the newest of them age ago (rounded down to a microsecond, so never
+// taken as older than it is).
+func (s *Store) reserveCall(key string, spec window.Spec, limit uint64, holder, used float64, age time.Duration, want uint64, validity, grace time.Duration) call {
 	req := window.Request{Spec: spec, Limit: limit}
 	packed := packArgs(nil, &req)
 	packed[len(packed)-1] |= 4
-	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond), float64(grace / time.Microsecond)} {
+	for _, v := range []float64{holder, used, float64(want), float64(validity / time.Microsecond), float64(grace / time.Microsecond), float64(age / time.Microsecond)} {
 		packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
 	}
 	c := call{keys: []string{key}, args: []any{1, "0", packed}}

@@ -36,11 +36,13 @@
 -- by the algorithms in CHARGEABLE only; 4: a reservation, see below); for an algorithm in
 -- HOLDS (concurrency), one more double: the holder (window.HolderID, 0 for nobody).
 --
--- A reservation (sliding window only: SlidingWindow.reserve) has five more
+-- A reservation (sliding window only: SlidingWindow.reserve) has six more
 -- doubles: the replica's holder number, the hits it spent of the block it
--- holds (-1: none held), the hits it wants, the validity and the grace (us). Its
--- answer's recorded is the hits granted (0: none), bucket the grant's time;
--- it is never refused in the veto sense, and its group holds nothing else.
+-- holds (-1: none held), the hits it wants, the validity, the grace and
+-- how long ago the newest hit spent was (us). Its answer's allowed is its
+-- status (0: a new block, 1: renewed, 2: cut, to be given back), recorded
+-- the hits the block holds (0: none), bucket the grant's time; it is never
+-- refused in the veto sense, and its group holds nothing else.
 --
 -- Returns 5 integers per counter, groups in order: allowed (0/1), recorded (0/1), remaining,
 -- reset in nanoseconds, bucket (sliding window and sliding log: the time in
@@ -104,8 +106,8 @@ local function runGroup(kb, packed, n, dry, reply)
         return 'reservations are not served by algorithm ' .. tostring(alg)
       end
       reserve = {}
-      reserve.holder, reserve.used, reserve.want, reserve.validity, reserve.grace, pos =
-        struct.unpack('<ddddd', packed, pos)
+      reserve.holder, reserve.used, reserve.want, reserve.validity, reserve.grace, reserve.age, pos =
+        struct.unpack('<dddddd', packed, pos)
     end
     local key = KEYS_[kb + i]
     local st = states[key]
@@ -125,7 +127,7 @@ local function runGroup(kb, packed, n, dry, reply)
     local q = reqs[i]
     if q.reserve then
       local v = q.reserve
-      out[i] = q.impl.reserve(q.st, q.limit, v.holder, v.used, v.want, v.validity, v.grace)
+      out[i] = q.impl.reserve(q.st, q.limit, v.holder, v.used, v.want, v.validity, v.grace, v.age)
     elseif not q.neg then
       local r = answer(q, q.hits)
       out[i] = r
@@ -178,7 +180,11 @@ local function runGroup(kb, packed, n, dry, reply)
 
   for i = 1, n do
     local r, a = out[i], #reply
-    reply[a + 1] = r.allowed and 1 or 0
+    if type(r.allowed) == 'number' then
+      reply[a + 1] = r.allowed -- a reservation's status
+    else
+      reply[a + 1] = r.allowed and 1 or 0
+    end
     if type(r.recorded) == 'number' then
       reply[a + 2] = r.recorded -- a reservation's grant
     else

@@ -260,7 +260,8 @@ end
 
 -- CP.add records hits at t, the newest time (window.Counter's add): a
 -- block made only of hits the open block already held keeps the open
--- block's own time; any other is stamped at t.
+-- block's own time; any other is stamped at t. t may be earlier than
+-- st.t, but never earlier than CP.newestStamp (the stamps stay in order).
 function CP.add(st, t, hits)
   local tick = cpAbs(st, t) % CP_RANGE
   local stamp, oldStamp = tick, st.otick
@@ -327,11 +328,21 @@ function CP.retryAfter(st, est, need, limit)
   return CP.ageOut(st, CP.openTime(st))
 end
 
-function CP.newestAgeOut(st)
+-- CP.newestStamp is the time (us) the newest hits counted are stamped at,
+-- or nil when none are counted. After advance.
+function CP.newestStamp(st)
   if st.open > 0 then
-    return CP.ageOut(st, CP.openTime(st))
+    return CP.openTime(st)
   elseif st.n > 0 then
-    return CP.ageOut(st, CP.stampAt(st, st.n))
+    return CP.stampAt(st, st.n)
   end
-  return 0
+  return nil
+end
+
+function CP.newestAgeOut(st)
+  local at = CP.newestStamp(st)
+  if at == nil then
+    return 0
+  end
+  return CP.ageOut(st, at)
 end

@@ -17,21 +17,49 @@ end
 -- it without a round trip per hit (redisstore/reserve.go). A reservation
 -- counts in full from the moment it is granted. The replica spends it only
 -- until useEnd (the grant's time plus the validity), then settles it: the
--- hits it used are added at the time of the settling, which is no earlier
--- than any of them, and the rest is given back. One that is not settled by
--- exp (useEnd plus a grace the replica chooses, at least the validity, so
--- that its sweep settles an idle block before then) is taken as used in full, at the time it
--- is noticed (or dropped, if a window has passed since useEnd). So every
--- hit spent from a block counts for at least a window from its own time,
--- and no window admits more than the limit.
+-- hits it used are added at the time of the newest of them (the replica
+-- says how long ago that was; see swRecord), and the rest is given back.
+-- One that is not settled by exp (useEnd plus a grace the replica
+-- chooses, at least the validity, so that its sweep settles an idle block
+-- before then) is taken as used in full, at useEnd (or dropped, if a
+-- window has passed since useEnd). So every hit spent from a block counts
+-- for at least a window from its own time, and no window admits more than
+-- the limit.
 
--- Blocks are only for keys far from their limit: a grant is made only if
--- the demand it is sized for, over a window, from as many replicas as hold
--- blocks, fits in what the limit has left; it takes at most 1/RES_SHARE of
--- that, so blocks shrink to nothing as a counter approaches its limit; and
--- grants under RES_MIN are not made. A key near its limit (or a burst that
--- would reach it) goes to Redis hit by hit, as without blocks.
+-- Blocks are only for keys far from their limit: a grant, and a renewal,
+-- is made only if the demand it is sized for, over a window, from as many
+-- replicas as hold blocks, fits in what the limit has left; it takes at
+-- most 1/RES_SHARE of that, so blocks shrink to nothing as a counter
+-- approaches its limit; and grants under RES_MIN are not made. A held
+-- block that is no longer far from the limit is not renewed: it keeps its
+-- useEnd and the replica gives it back at once (RES_CUT). A key near its
+-- limit (or a burst that would reach it) goes to Redis hit by hit, as
+-- without blocks.
 local RES_SHARE, RES_MIN = 8, 4
+
+-- The status a reservation answers with (its allowed field): the block was
+-- not held (a new one, or one Redis lost or took as spent), held and
+-- renewed, or held and cut (not renewed: to be given back at once).
+local RES_NEW, RES_RENEWED, RES_CUT = 0, 1, 2
+
+-- swRecord records hits spent from a block, the newest of them at t (us):
+-- not at all if a window has passed since t (they have left); else at t,
+-- but never before the newest hits already counted (the log's stamps stay
+-- in order, and hits only ever count longer for it) nor after st.t.
+local function swRecord(st, t, hits)
+  if t + st.w <= st.t or hits <= 0 then
+    return
+  end
+  local newest = CP.newestStamp(st)
+  if newest ~= nil and t < newest then
+    t = newest
+  end
+  if t > st.t then
+    t = st.t
+  end
+  CP.add(st, t, math.min(hits, MAX_LIMIT - math.min(CP.estimate(st), MAX_LIMIT)))
+  st.dirty = true
+end
 
 -- swExpire takes the reservations past their exp as used. After advance
 -- and resize.
@@ -44,9 +72,7 @@ local function swExpire(st)
     if st.now < r.exp then
       kept[#kept + 1] = r
     else
-      if st.now < r.useEnd + st.w then
-        CP.add(st, st.t, math.min(r.hits, MAX_LIMIT - math.min(CP.estimate(st), MAX_LIMIT)))
-      end
+      swRecord(st, r.useEnd, r.hits) -- no hit of it was spent later
       st.dirty = true
     end
   end
@@ -111,21 +137,23 @@ function SlidingWindow.allow(st, hits, limit, always)
 end
 
 -- reserve settles holder's block (used: the hits spent since the last
--- settling, recorded now; -1 for a new block), then, if want > 0,
--- tops it up to want hits (what is left of it, plus up to 1/RES_SHARE of
--- what the limit has left), valid for validity us from now and settled
--- within grace us after that (else taken as spent); with want 0 the
--- rest is given back. Its answer: allowed if Redis held the block,
--- recorded the hits the block now holds (0: none), remaining what the
--- limit has left after it, reset when everything counted has aged out,
--- and bucket the time of the grant (us).
-function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace)
+-- settling, the newest of them age us ago; -1 for a new block), then, if
+-- want > 0, tops it up to want hits (what is left of it, plus up to
+-- 1/RES_SHARE of what the limit has left), valid for validity us from now
+-- and settled within grace us after that (else taken as spent); with want
+-- 0 the rest is given back. A held block that is no longer far from the
+-- limit is cut: kept as it was (its useEnd, its exp), for the replica to
+-- give back at once. Its answer: allowed the status (RES_NEW, RES_RENEWED,
+-- RES_CUT), recorded the hits the block now holds (0: none), remaining
+-- what the limit has left after it, reset when everything counted has
+-- aged out, and bucket the time of the grant (us).
+function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace, age)
   CP.resize(st, CP.quotaFor(limit))
   swExpire(st)
-  local found, rest = false, 0
+  local held, rest = nil, 0
   for i, r in ipairs(st.res) do
     if r.holder == holder then
-      found = true
+      held = r
       rest = r.hits - math.min(math.max(used, 0), r.hits)
       table.remove(st.res, i)
       break
@@ -133,23 +161,35 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace)
   end
   -- The hits spent are recorded even when the block is gone: taken as
   -- spent in full at exp (they then count twice, which only costs
-  -- capacity), or lost with Redis's data (they must count).
+  -- capacity), or lost with Redis's data (they must count). The newest
+  -- was spent age us ago by the replica's clock, so no later than st.t -
+  -- age by Redis's, and before the block's useEnd.
   if used > 0 then
-    CP.add(st, st.t, math.min(used, MAX_LIMIT - math.min(CP.estimate(st), MAX_LIMIT)))
-    st.added = true
+    local at = st.t - age
+    if held ~= nil then
+      at = math.min(at, held.useEnd)
+    end
+    swRecord(st, at, used)
   end
-  if found or used > 0 then
+  if held ~= nil or used > 0 then
     st.dirty = true
   end
   if want == 0 then
     rest = 0 -- given back
   end
   local room = limit - math.min(CP.estimate(st) + swReserved(st) + rest, limit)
-  -- Only a key far from its limit gets more: at the demand want stands
-  -- for (two validities' worth, on this replica), this replica and as
-  -- many as hold blocks would not use up the room within a window.
+  -- Far from its limit: at the demand want stands for (two validities'
+  -- worth, on this replica), this replica and as many as hold blocks
+  -- would not use up the room within a window.
+  local far = want * st.w / validity * (#st.res + 1) <= 2 * room
+  if held ~= nil and rest > 0 and want > 0 and not far then
+    held.hits = rest
+    st.res[#st.res + 1] = held
+    return {allowed = RES_CUT, recorded = rest, remaining = room, reset = CP.newestAgeOut(st),
+            bucket = held.useEnd - validity}
+  end
   local g = 0
-  if want > rest and (found or #st.res < RES_MAX) and want * st.w / validity * (#st.res + 1) <= 2 * room then
+  if want > rest and (held ~= nil or #st.res < RES_MAX) and far then
     g = math.min(want - rest, idiv(room, RES_SHARE))
     if g < RES_MIN then
       g = 0
@@ -163,7 +203,11 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace)
     st.res[#st.res + 1] = {holder = holder, hits = total, useEnd = st.t + validity, exp = st.t + validity + math.max(grace, validity)}
     st.dirty = true
   end
-  return {allowed = found, recorded = total, remaining = room - g, reset = CP.newestAgeOut(st), bucket = st.t}
+  local status = RES_NEW
+  if held ~= nil then
+    status = RES_RENEWED
+  end
+  return {allowed = status, recorded = total, remaining = room - g, reset = CP.newestAgeOut(st), bucket = st.t}
 end
 
 function SlidingWindow.refund(st, hits)
