@@ -30,15 +30,15 @@ import (
 //     than the grant's time plus V, and the rest is given back; a block not
 //     settled by then is taken as spent in full, at the grant's time plus
 //     V; so how late a settling runs costs no capacity;
-//   - blocks are only for keys far from their limit: a grant, and a
-//     renewal, is made only if the demand it is sized for, over a whole
-//     window, from this replica and every other that holds a block, fits
-//     in what the limit has left (so a burst that would reach the limit,
-//     or steady traffic near it, goes to Redis hit by hit, as without
-//     blocks); it takes at most an eighth of what is left, so blocks
-//     shrink to nothing as a key approaches its limit; and a held block
-//     that is no longer far from the limit is cut: not renewed, and given
-//     back at once.
+//   - blocks are only for keys far from their limit: a grant (or a
+//     top-up's growth) is made only if the demand it is sized for, over a
+//     whole window, from this replica and every other that holds a block,
+//     fits in what the limit has left (so a burst that would reach the
+//     limit, or steady traffic near it, goes to Redis hit by hit, as
+//     without blocks); it takes at most an eighth of what is left, so
+//     blocks shrink to nothing as a key approaches its limit; and a held
+//     block that would keep more than an eighth of what is left besides it
+//     is cut: not renewed, and given back at once.
 //
 // The block's size follows the key's demand on this replica: twice the hits
 // asked in the last validity, so that an idle replica strands little. A

@@ -198,9 +198,10 @@ func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration
 		b.retryAt = now + rv.validFor(b.spec)
 		return
 	case status == resCut:
-		// The key came near its limit: Redis kept the block as it was
-		// (its deadline stands) and it goes back at once, with the hits
-		// spent meanwhile.
+		// The key came near its limit (the block would keep more than
+		// an eighth of what is left): Redis kept it as it was (its
+		// deadline stands) and it goes back at once, with the hits spent
+		// meanwhile.
 		rv.s.metrics.reservations.WithLabelValues("cut").Inc()
 		b.avail = total - min(b.spent, total)
 		b.remaining = uint64(v[2])

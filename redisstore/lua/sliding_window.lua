@@ -26,15 +26,15 @@ end
 -- for at least a window from its own time, and no window admits more than
 -- the limit.
 
--- Blocks are only for keys far from their limit: a grant, and a renewal,
--- is made only if the demand it is sized for, over a window, from as many
--- replicas as hold blocks, fits in what the limit has left; it takes at
--- most 1/RES_SHARE of that, so blocks shrink to nothing as a counter
--- approaches its limit; and grants under RES_MIN are not made. A held
--- block that is no longer far from the limit is not renewed: it keeps its
--- useEnd and the replica gives it back at once (RES_CUT). A key near its
--- limit (or a burst that would reach it) goes to Redis hit by hit, as
--- without blocks.
+-- Blocks are only for keys far from their limit: a grant (or a top-up's
+-- growth) is made only if the demand it is sized for, over a window, from
+-- as many replicas as hold blocks, fits in what the limit has left; it
+-- takes at most 1/RES_SHARE of that, so blocks shrink to nothing as a
+-- counter approaches its limit; and grants under RES_MIN are not made. A
+-- held block that would keep more than 1/RES_SHARE of what the limit has
+-- left besides it is not renewed: it keeps its useEnd and the replica
+-- gives it back at once (RES_CUT). A key near its limit (or a burst that
+-- would reach it) goes to Redis hit by hit, as without blocks.
 local RES_SHARE, RES_MIN = 8, 4
 
 -- The status a reservation answers with (its allowed field): the block was
@@ -141,9 +141,9 @@ end
 -- want > 0, tops it up to want hits (what is left of it, plus up to
 -- 1/RES_SHARE of what the limit has left), valid for validity us from now
 -- and settled within grace us after that (else taken as spent); with want
--- 0 the rest is given back. A held block that is no longer far from the
--- limit is cut: kept as it was (its useEnd, its exp), for the replica to
--- give back at once. Its answer: allowed the status (RES_NEW, RES_RENEWED,
+-- 0 the rest is given back. A held block whose rest is more than
+-- 1/RES_SHARE of what the limit has left besides it is cut: kept as it
+-- was (its useEnd, its exp), for the replica to give back at once. Its answer: allowed the status (RES_NEW, RES_RENEWED,
 -- RES_CUT), recorded the hits the block now holds (0: none), remaining
 -- what the limit has left after it, reset when everything counted has
 -- aged out, and bucket the time of the grant (us).
@@ -178,18 +178,19 @@ function SlidingWindow.reserve(st, limit, holder, used, want, validity, grace, a
     rest = 0 -- given back
   end
   local room = limit - math.min(CP.estimate(st) + swReserved(st) + rest, limit)
-  -- Far from its limit: at the demand want stands for (two validities'
-  -- worth, on this replica), this replica and as many as hold blocks
-  -- would not use up the room within a window.
-  local far = want * st.w / validity * (#st.res + 1) <= 2 * room
-  if held ~= nil and rest > 0 and want > 0 and not far then
+  -- A block that would hold more than 1/RES_SHARE of what the limit has
+  -- left besides it (the key came near its limit) is cut.
+  if held ~= nil and rest > 0 and want > 0 and rest * RES_SHARE > room then
     held.hits = rest
     st.res[#st.res + 1] = held
     return {allowed = RES_CUT, recorded = rest, remaining = room, reset = CP.newestAgeOut(st),
             bucket = held.useEnd - validity}
   end
+  -- Only a key far from its limit gets more: at the demand want stands
+  -- for (two validities' worth, on this replica), this replica and as
+  -- many as hold blocks would not use up the room within a window.
   local g = 0
-  if want > rest and (held ~= nil or #st.res < RES_MAX) and far then
+  if want > rest and (held ~= nil or #st.res < RES_MAX) and want * st.w / validity * (#st.res + 1) <= 2 * room then
     g = math.min(want - rest, idiv(room, RES_SHARE))
     if g < RES_MIN then
       g = 0
