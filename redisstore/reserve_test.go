@@ -137,21 +137,8 @@ func TestReservationsNeverOvershootAWindow(t *testing.T) {
 }
 
 func neverOvershootAWindow(t *testing.T, reservation time.Duration) {
-	r := redistest.Start(t)
 	clock := testclock.At(base)
-	var stores []*Store
-	reg := prometheus.NewRegistry()
-	for i := range 2 {
-		st := settingsFor(r.Addr())
-		st.Reservation = reservation
-		opts := Options{Clock: clock}
-		if i == 0 {
-			opts.Registry = reg
-		}
-		s := withFakeTime(newTestStore(t, st, opts), clock)
-		waitHealthy(t, s)
-		stores = append(stores, s)
-	}
+	stores, reg := replicasOnOneClock(t, clock, reservation)
 	const limit, w = 1000, time.Second
 	sp := mustSpec(t, w, 1)
 	req := []window.Request{{Key: "swing", Spec: sp, Limit: limit, Hits: 1, Veto: true}}
@@ -211,6 +198,28 @@ func neverOvershootAWindow(t *testing.T, reservation time.Duration) {
 	if float64(len(admitted)) < 0.95*float64(exact) {
 		t.Errorf("admitted %d, under 95 %% of the exact log's %d", len(admitted), exact)
 	}
+}
+
+// replicasOnOneClock starts a redis-server and two Stores on it (two
+// replicas) that take blocks valid for reservation (0: none), with clock
+// as their clock and Redis's; reg holds the first one's metrics.
+func replicasOnOneClock(t *testing.T, clock *testclock.Clock, reservation time.Duration) ([]*Store, *prometheus.Registry) {
+	t.Helper()
+	r := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	var stores []*Store
+	for i := range 2 {
+		st := settingsFor(r.Addr())
+		st.Reservation = reservation
+		opts := Options{Clock: clock}
+		if i == 0 {
+			opts.Registry = reg
+		}
+		s := withFakeTime(newTestStore(t, st, opts), clock)
+		waitHealthy(t, s)
+		stores = append(stores, s)
+	}
+	return stores, reg
 }
 
 // exactLogAdmits is how many of the requests at times offered (ascending)
@@ -437,21 +446,8 @@ func TestReserveScript(t *testing.T) {
 // clock, by TTLs set in fake time), runs well ahead of it: the requests
 // fall at the fake times the test gives them, however slow the machine.
 func TestBlocksCostCronNothing(t *testing.T) {
-	r := redistest.Start(t)
 	clock := testclock.At(base)
-	var stores []*Store
-	reg := prometheus.NewRegistry()
-	for i := range 2 {
-		st := settingsFor(r.Addr())
-		st.Reservation = time.Second // capped at W/32
-		opts := Options{Clock: clock}
-		if i == 0 {
-			opts.Registry = reg
-		}
-		s := withFakeTime(newTestStore(t, st, opts), clock)
-		waitHealthy(t, s)
-		stores = append(stores, s)
-	}
+	stores, reg := replicasOnOneClock(t, clock, time.Second) // capped at W/32
 	const w = 20 * time.Second
 	sp := mustSpec(t, w, 1)
 	ctx := context.Background()
