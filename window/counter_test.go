@@ -650,3 +650,59 @@ func TestCounterRefundKeepsStamps(t *testing.T) {
 		t.Fatalf("a tick after they left: count %d, want 0", got)
 	}
 }
+
+// TestCounterStampsAcrossRegroupings: hits keep the time they were
+// recorded at (rounded up to the tick) when blocks are regrouped, whichever
+// way: a limit change that re-sizes the blocks, or room that frees in a
+// full ring. Each case counts its hits a window after the time they must
+// have left at, to the nanosecond.
+func TestCounterStampsAcrossRegroupings(t *testing.T) {
+	const w = time.Second
+	t1 := 3 * w // the times are multiples of the tick
+	t2 := t1 + w/4
+	for _, tt := range []struct {
+		name string
+		// run records hits on c; the count at at must be want.
+		run  func(c *Counter)
+		at   time.Duration
+		want uint64
+	}{
+		// Exact log to exact log (blocks of one hit): the block of t1's
+		// hit is regrouped on its own, not with t2's.
+		{"re-sized, one old block to one new", func(c *Counter) {
+			c.AllowAt(t1, 1, 10)
+			c.AllowAt(t2, 1, 10)
+			c.AllowAt(t2, 0, 12) // a new limit re-sizes the blocks
+		}, t1 + w, 1},
+		// Blocks of 2 re-sized to blocks of 3: t1's two hits do not fill
+		// one and stay open at t1, not at the time of the open block a
+		// refund emptied (t2).
+		{"re-sized, what is left open keeps its time", func(c *Counter) {
+			c.AllowAt(t1, 2, 2*Blocks)
+			c.AllowAt(t2, 1, 2*Blocks)
+			c.RefundAt(t2, 1)
+			c.AllowAt(t2, 0, 3*Blocks)
+		}, t1 + w, 0},
+		// A full ring (charges past an exact log's limit): hits wait in
+		// the open block, stamped with the newest of them (t2); once the
+		// oldest blocks leave (at t1 + w), the blocks made of
+		// them keep t2, the last one too, and only the new hit takes
+		// the new time.
+		{"a full ring, then room", func(c *Counter) {
+			c.ChargeAt(t1, ExactLimit+4, 5)
+			c.ChargeAt(t2, 1, 5)
+			c.ChargeAt(t1+w, 1, 5)
+		}, t2 + w, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewCounter(mustSpec(t, w, 1))
+			tt.run(c)
+			if got := c.CountAt(tt.at - 1); got <= tt.want {
+				t.Fatalf("1ns before: count %d, want more than %d", got, tt.want)
+			}
+			if got := c.CountAt(tt.at); got != tt.want {
+				t.Errorf("count %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
