@@ -374,3 +374,17 @@ func TestSizeClass(t *testing.T) {
 		}
 	}
 }
+
+// TestFixedCounterNewWindowWriterFirst: the writer that moves a fixed
+// window on resets its count, unless a writer of the new window got there
+// first (it saw the new window number already): that writer's hits stay.
+// Driven step by step, as the race cannot be timed.
+func TestFixedCounterNewWindowWriterFirst(t *testing.T) {
+	f := NewFixedCounter(mustSpec(t, time.Second, 1))
+	f.AllowAt(5*time.Second, 4, 10) // window 5 holds 4
+	f.word.Store(pack(6, 2))        // a writer of window 6 recorded 2
+	f.advance(6 * time.Second)      // the window moves on to 6
+	if r := f.AllowAt(6*time.Second, 0, 10); r.Remaining != 8 {
+		t.Errorf("window 6 after the race: %+v, want the other writer's 2 counted (8 remaining)", r)
+	}
+}

@@ -551,3 +551,36 @@ func TestBucketCounterRefundReachesTheOldestBucket(t *testing.T) {
 		t.Errorf("after a refund from the oldest bucket: count %d, want 0", got)
 	}
 }
+
+// TestBucketCounterLateWriter: a writer counts its hits in the total, then
+// records them in its bucket's slot; descheduled in between, it may find
+// that the newest bucket has moved on. While its bucket is in the window
+// the hits go into its slot; once it is a window and one bucket behind
+// (drained, its slot retagged), they come out of the total instead, and
+// nothing is left counted. Driven step by step, as the race that leads
+// there cannot be timed.
+func TestBucketCounterLateWriter(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10) // buckets of 100 ms
+	const e = 50                         // the writer's bucket
+	at := func(epoch int64) time.Duration { return time.Duration(epoch) * 100 * time.Millisecond }
+	for _, tt := range []struct {
+		name   string
+		behind int64 // buckets the newest moved on meanwhile
+		want   uint64
+	}{
+		{"its bucket the oldest in the window", 10, 3},
+		{"its bucket just gone", 11, 0},
+		{"long gone", 25, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewBucketCounter(spec)
+			c.CountAt(at(e)) // the writer's bucket is the newest
+			c.total.Add(3)   // it counts its hits
+			c.CountAt(at(e + tt.behind))
+			c.record(e, 3) // and records them late
+			if got := c.CountAt(at(e + tt.behind)); got != tt.want {
+				t.Errorf("count %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

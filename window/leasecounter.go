@@ -246,8 +246,9 @@ func (c *LeaseCounter) take(i int, hits uint64) bool {
 	return true
 }
 
-// resized gives back the room of a slice that holds under a quarter of
-// its capacity, and accounts for any change of capacity. c.mu is held.
+// resized gives back the room of a slice of more than 16 leases' capacity
+// that holds under a quarter of it (its capacity is halved), and accounts
+// for any change of capacity. c.mu is held.
 func (c *LeaseCounter) resized() {
 	if cp := cap(c.leases); cp > 16 && len(c.leases) < cp/4 {
 		c.leases = append(make([]lease, 0, cp/2), c.leases...)

@@ -280,3 +280,31 @@ func TestLeaseCounterAccountsItsBytes(t *testing.T) {
 		t.Errorf("one lease left in a list of capacity %d: its room was not given back", got)
 	}
 }
+
+// TestLeaseCounterShrinkPolicy: a lease list gives back room when it holds
+// under a quarter of its capacity, halving it, and keeps a capacity of 16
+// whatever it holds (resized's contract; TestLeaseCounterAccountsItsBytes
+// checks that the accounted bytes follow).
+func TestLeaseCounterShrinkPolicy(t *testing.T) {
+	c := NewLeaseCounter(mustSpec(t, time.Minute, 1))
+	t0 := time.Hour
+	for h := uint64(1); h <= 17; h++ {
+		if !c.AcquireAt(t0, h, 1, 1000).Recorded {
+			t.Fatalf("holder %d refused", h)
+		}
+	}
+	if got := cap(c.leases); got != 32 {
+		t.Fatalf("17 leases in a list of capacity %d, want 32 (append doubles)", got)
+	}
+	for h := uint64(17); h >= 2; h-- {
+		c.ReleaseAt(t0, h, 1)
+		n := len(c.leases)
+		want := 32
+		if n < 32/4 {
+			want = 16
+		}
+		if got := cap(c.leases); got != want {
+			t.Fatalf("%d leases: capacity %d, want %d", n, got, want)
+		}
+	}
+}
