@@ -127,7 +127,7 @@ func (c *BucketCounter) UndoAt(bucket int64, hits uint64) {
 		}
 		sub := min(uint64(cnt), hits)
 		if slot.CompareAndSwap(w, w-sub) {
-			c.total.Add(^(sub - 1))
+			c.uncount(sub)
 			return
 		}
 	}
@@ -149,7 +149,7 @@ func (c *BucketCounter) RefundAt(now time.Duration, hits uint64) {
 			}
 			sub := min(uint64(cnt), hits)
 			if slot.CompareAndSwap(w, w-sub) {
-				c.total.Add(^(sub - 1))
+				c.uncount(sub)
 				hits -= sub
 				break
 			}
@@ -220,7 +220,7 @@ func (c *BucketCounter) drain(prev, next int64) {
 			}
 			if slot.CompareAndSwap(w, pack(x, 0)) {
 				if cnt > 0 {
-					c.total.Add(^(uint64(cnt) - 1))
+					c.uncount(uint64(cnt))
 				}
 				break
 			}
@@ -228,11 +228,16 @@ func (c *BucketCounter) drain(prev, next int64) {
 	}
 }
 
+// uncount takes n hits, counted in total, back out of it: hits refunded,
+// or that left the window with their bucket (adding the two's complement
+// of n subtracts it; n == 0 changes nothing).
+func (c *BucketCounter) uncount(n uint64) { c.total.Add(^(n - 1)) }
+
 // record adds hits, already counted in total, to the slot of bucket.
 func (c *BucketCounter) record(bucket int64, hits uint64) {
 	k := c.buckets
 	if bucket <= c.latest.Load()-k-1 {
-		c.total.Add(^(hits - 1)) // the bucket already left the window
+		c.uncount(hits) // the bucket already left the window
 		return
 	}
 	slot := &c.slots[bucket%c.ring()]
@@ -246,12 +251,12 @@ func (c *BucketCounter) record(bucket int64, hits uint64) {
 		case d > 0: // the slot holds an older epoch: reset it to ours
 			if slot.CompareAndSwap(w, pack(bucket, hits)) {
 				if cnt := count(w); cnt > 0 {
-					c.total.Add(^(uint64(cnt) - 1))
+					c.uncount(uint64(cnt))
 				}
 				return
 			}
 		default: // the ring came round while we were descheduled
-			c.total.Add(^(hits - 1))
+			c.uncount(hits)
 			return
 		}
 	}
