@@ -584,3 +584,27 @@ func TestBucketCounterLateWriter(t *testing.T) {
 		})
 	}
 }
+
+// TestBucketCounterWriterAheadOfDrain: a writer of a new bucket may reach
+// its slot before the drain that the move of the newest bucket started:
+// the slot still holds the hits of the bucket a ring earlier. They leave
+// the total as the writer's hits replace them, and the drain that follows
+// keeps the writer's hits. Driven step by step, as the race that leads
+// there cannot be timed.
+func TestBucketCounterWriterAheadOfDrain(t *testing.T) {
+	spec := mustSpec(t, time.Second, 10) // buckets of 100 ms
+	at := func(epoch int64) time.Duration { return time.Duration(epoch) * 100 * time.Millisecond }
+	c := NewBucketCounter(spec)
+	const old = 50
+	if r := c.AllowAt(at(old), 3, 100); !r.Allowed || r.Bucket != old {
+		t.Fatalf("3 hits at bucket %d: %+v", old, r)
+	}
+	next := old + c.ring() // the same slot, a ring later
+	c.latest.Store(next)   // a writer moved the newest bucket on, its drain not yet run
+	c.total.Add(2)         // a second writer counts its hits
+	c.record(next, 2)      // and records them before the drain reaches the slot
+	c.drain(old, next)     // the first writer's drain
+	if got := c.CountAt(at(next)); got != 2 {
+		t.Errorf("count %d, want 2: the writer's hits, none of the bucket a ring earlier", got)
+	}
+}
