@@ -110,10 +110,12 @@ type block struct {
 	// avail is what may still be spent; spent is what was spent since the
 	// last settling was sent.
 	avail, spent uint64
-	// remaining is what the limit had left after the grant.
-	remaining uint64
-	grantedAt int64         // Redis time of the grant, µs
-	deadline  time.Duration // local clock: spend only before it
+	// remaining is what the limit had left beside every block, as of
+	// Redis's stamp remainingAt (µs; see noteRemaining).
+	remaining   uint64
+	remainingAt int64
+	grantedAt   int64         // Redis time of the grant, µs
+	deadline    time.Duration // local clock: spend only before it
 	// pending: a call for this block is queued or in flight; giveBack:
 	// that call gives the block back (nothing is spent meanwhile).
 	pending, giveBack bool
@@ -309,9 +311,9 @@ func (rv *reserver) sawOne(sh *shard, r *window.Request, res *window.Result, key
 	b.demand += r.Hits
 	b.seen = now
 	if b.holder != 0 {
-		// Redis's answer is fresher: it excludes the whole block, which
-		// the block's own answers add back.
-		b.remaining = res.Remaining
+		// Redis's answer excludes the whole block, which the block's own
+		// answers add back.
+		b.noteRemaining(res.Remaining, res.Bucket/timeBucket)
 	}
 	switch {
 	case b.pending:
@@ -330,6 +332,17 @@ func (rv *reserver) sawOne(sh *shard, r *window.Request, res *window.Result, key
 	case now >= b.retryAt && now-b.since >= v && farFromLimit(res.Remaining, b.want(v, now), r.Spec.Length(), v):
 		b.spec, b.limit = r.Spec, min(r.Limit, window.MaxLimit)
 		rv.enqueue(key, b, false)
+	}
+}
+
+// noteRemaining takes remaining, what Redis's answer stamped at (its time,
+// µs) says the limit has left beside every block, unless b holds a fresher
+// one: answers reach the replica in any order, so the newest stamp wins
+// and, of answers of one stamp, the lowest (between them hits were only
+// counted, none aged out).
+func (b *block) noteRemaining(remaining uint64, at int64) {
+	if at > b.remainingAt || at == b.remainingAt && remaining < b.remaining {
+		b.remaining, b.remainingAt = remaining, at
 	}
 }
 

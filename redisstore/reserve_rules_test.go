@@ -152,7 +152,8 @@ func TestSawRemote(t *testing.T) {
 	sp := mustSpec(t, 64*sec, 1)
 	const now = 100 * sec
 	r := &window.Request{Key: "k", Spec: sp, Limit: 1_000_000, Hits: 1}
-	far := &window.Result{Allowed: true, Remaining: 900_000}
+	const stamp = 1_000 // Redis's time of the answer, µs
+	far := &window.Result{Allowed: true, Remaining: 900_000, Bucket: stamp * timeBucket}
 	for _, tt := range []struct {
 		name    string
 		b       block
@@ -170,7 +171,12 @@ func TestSawRemote(t *testing.T) {
 		{"too busy for the room", block{since: now - 2*sec, seen: now - sec, demand: 30_000}, false, 0},
 		{"at its retry time", block{since: now - 2*sec, seen: now - sec, demand: 10, retryAt: now}, true, 0},
 		{"before it", block{since: now - 2*sec, seen: now - sec, demand: 10, retryAt: now + 1}, false, 0},
-		{"held: Redis's remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5}, false, 900_000},
+		{"held: Redis's remaining is fresher", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 5, remainingAt: stamp - 1}, false, 900_000},
+		// Answers reach the replica in any order: an older one, or one
+		// of the same stamp that left more, does not undo a fresher one.
+		{"held: an older answer", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 950_000, remainingAt: stamp + 1}, false, 950_000},
+		{"held: as old, leaving less", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 899_999, remainingAt: stamp}, false, 899_999},
+		{"held: as old, leaving more", block{holder: 1, spec: sp, limit: 1_000_000, avail: 50, deadline: now + sec, seen: now - sec, remaining: 900_001, remainingAt: stamp}, false, 900_000},
 		// A batch goes to Redis when any of its requests does not fit a block.
 		{"held, with just the hits", block{holder: 1, spec: sp, limit: 1_000_000, avail: 1, deadline: now + sec, seen: now - sec}, false, 900_000},
 		{"held, without them: topped up", block{holder: 1, spec: sp, limit: 1_000_000, avail: 0, deadline: now + sec, seen: now - sec}, true, 900_000},
@@ -325,7 +331,7 @@ func metricReserver(t *testing.T) *reserver {
 func TestApplyAnswers(t *testing.T) {
 	sp := mustSpec(t, 32*sec, 1)
 	const now, sent = 100 * sec, 99 * sec
-	held := block{spec: sp, limit: 1000, holder: 5, avail: 4, spent: 3, remaining: 50, grantedAt: 1, deadline: now + sec, lastUse: now}
+	held := block{spec: sp, limit: 1000, holder: 5, avail: 4, spent: 3, remaining: 50, remainingAt: 1, grantedAt: 1, deadline: now + sec, lastUse: now}
 	for _, tt := range []struct {
 		name     string
 		giveBack bool
@@ -336,16 +342,21 @@ func TestApplyAnswers(t *testing.T) {
 		event    string
 	}{
 		{"given back", true, 3, []int64{1, 10, 50, 0, 2}, nil, func(b *block) {
-			b.holder, b.avail, b.spent, b.retryAt = 0, 0, 0, now+sec
+			b.holder, b.avail, b.spent, b.remainingAt, b.retryAt = 0, 0, 0, 0, now+sec
 		}, "returned"},
 		{"nothing granted", false, 3, []int64{0, 0, 50, 0, 2}, nil, func(b *block) {
-			b.holder, b.avail, b.spent, b.retryAt = 0, 0, 0, now+sec
+			b.holder, b.avail, b.spent, b.remainingAt, b.retryAt = 0, 0, 0, 0, now+sec
 		}, "returned"},
 		{"renewed: the hits spent in flight are settled next time", false, 3, []int64{1, 10, 40, 0, 2}, nil, func(b *block) {
-			b.holder, b.avail, b.remaining, b.grantedAt, b.deadline = 9, 10-3, 40, 2, sent+sec
+			b.holder, b.avail, b.remaining, b.remainingAt, b.grantedAt, b.deadline = 9, 10-3, 40, 2, 2, sent+sec
+		}, "renewed"},
+		// A request's answer of a later stamp reached the replica first:
+		// it already counts the renewed block.
+		{"renewed after a fresher answer", false, 3, []int64{1, 10, 60, 0, 0}, nil, func(b *block) {
+			b.holder, b.avail, b.grantedAt, b.deadline = 9, 10-3, 0, sent+sec
 		}, "renewed"},
 		{"renewed with more spent in flight than granted", false, 3, []int64{1, 2, 40, 0, 2}, nil, func(b *block) {
-			b.holder, b.avail, b.remaining, b.grantedAt, b.deadline = 9, 0, 40, 2, sent+sec
+			b.holder, b.avail, b.remaining, b.remainingAt, b.grantedAt, b.deadline = 9, 0, 40, 2, 2, sent+sec
 		}, "renewed"},
 		// Near the limit: Redis kept the block unrenewed; it goes back at
 		// once (the deadline and grant stand; the hits spent in flight
@@ -354,7 +365,7 @@ func TestApplyAnswers(t *testing.T) {
 			b.avail, b.remaining, b.pending, b.giveBack = 10-3, 40, true, true
 		}, "cut"},
 		{"granted anew: covers what was spent", false, -1, []int64{0, 10, 40, 0, 2}, nil, func(b *block) {
-			b.holder, b.avail, b.spent, b.remaining, b.grantedAt, b.deadline = 9, 10, 0, 40, 2, sent+sec
+			b.holder, b.avail, b.spent, b.remaining, b.remainingAt, b.grantedAt, b.deadline = 9, 10, 0, 40, 2, 2, sent+sec
 		}, "granted"},
 		{"not sent: Redis is down", false, 2, nil, ErrUnavailable, func(b *block) { b.spent = 3 + 2 }, ""},
 		{"failed: settled or not, spend no more", false, 2, nil, errors.New("timeout"), func(b *block) {
@@ -364,7 +375,7 @@ func TestApplyAnswers(t *testing.T) {
 			b.spent, b.avail, b.deadline = 3, 0, 0
 		}, "failed"},
 		{"a new block failed: Redis's expiry covers it", false, -1, nil, errors.New("timeout"), func(b *block) {
-			b.holder, b.avail, b.deadline = 0, 0, 0
+			b.holder, b.remainingAt, b.avail, b.deadline = 0, 0, 0, 0
 		}, "failed"},
 		{"a malformed answer", false, 2, []int64{1, 10}, nil, func(b *block) {
 			b.spent, b.avail, b.deadline = 3+2, 0, 0

@@ -182,7 +182,7 @@ func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration
 		// unsettled block as spent in full at its exp anyway).
 		rv.s.metrics.reservations.WithLabelValues("failed").Inc()
 		if op.used < 0 {
-			b.holder = 0 // never granted, or orphaned: Redis's exp covers it
+			b.holder, b.remainingAt = 0, 0 // never granted, or orphaned: Redis's exp covers it
 		} else {
 			b.spent += uint64(op.used)
 		}
@@ -194,7 +194,7 @@ func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration
 	switch {
 	case op.giveBack || total == 0:
 		rv.s.metrics.reservations.WithLabelValues("returned").Inc()
-		b.holder, b.avail, b.spent = 0, 0, 0
+		b.holder, b.avail, b.spent, b.remainingAt = 0, 0, 0, 0
 		b.retryAt = now + rv.validFor(b.spec)
 		return
 	case status == resCut:
@@ -218,7 +218,8 @@ func (rv *reserver) apply(op *reservation, c *call, err error, now time.Duration
 		rv.s.metrics.reservations.WithLabelValues("granted").Inc()
 		b.avail, b.spent = total, 0
 	}
-	b.holder, b.grantedAt, b.remaining = op.holder, v[4], uint64(v[2])
+	b.holder, b.grantedAt = op.holder, v[4]
+	b.noteRemaining(uint64(v[2]), v[4])
 	b.deadline = op.sent + rv.validFor(b.spec)
 	b.lastUse = max(b.lastUse, op.sent)
 }
