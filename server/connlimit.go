@@ -296,8 +296,17 @@ func grpcMaxConnections(n int) int {
 		return n
 	}
 	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur == 0 {
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		lim.Cur = 0
+	}
+	return connCapForFDs(lim.Cur)
+}
+
+// connCapForFDs is the default cap for a file-descriptor limit of fds:
+// half of it, between 64 and 65536; 1024 when it is unknown (0).
+func connCapForFDs(fds uint64) int {
+	if fds == 0 {
 		return 1024
 	}
-	return int(min(max(lim.Cur/2, 64), 65536))
+	return int(min(max(fds/2, 64), 65536))
 }

@@ -2,6 +2,9 @@ package server
 
 import (
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +27,7 @@ func TestLimitListenerEvicts(t *testing.T) {
 		{"idle before reading", []conn{{phaseReading, time.Hour}, {phaseIdle, 0}}, 1},
 		{"the longest idle", []conn{{phaseIdle, time.Second}, {phaseIdle, time.Minute}}, 1},
 		{"the oldest reading", []conn{{phaseReading, 2 * evictAfter}, {phaseReading, 3 * evictAfter}}, 1},
+		{"reading for exactly evictAfter", []conn{{phaseReading, evictAfter}, {phaseServing, time.Hour}}, 0},
 		{"reading, not yet evictable", []conn{{phaseReading, evictAfter / 2}, {phaseServing, time.Hour}}, -1},
 		{"serving never", []conn{{phaseServing, time.Hour}, {phaseServing, time.Hour}}, -1},
 	} {
@@ -81,5 +85,146 @@ func TestLimitListenerEvicts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLimitedConnPhases: what moves a connection between reading, serving
+// and idle, and from when its phase counts (a phase entered again keeps
+// its start): the first bytes on a TLS gRPC listener, the first HEADERS
+// frame on a plaintext one, never a read that returned nothing; on an
+// HTTP listener the server's connection states and a handler that runs.
+func TestLimitedConnPhases(t *testing.T) {
+	preface := []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	headers := []byte{0, 0, 0, 0x1, 0, 0, 0, 0, 1}
+	type step struct {
+		do    func(t *testing.T, lc *limitedConn, client net.Conn)
+		phase connPhase
+		since time.Duration // after the start
+	}
+	send := func(b []byte) func(*testing.T, *limitedConn, net.Conn) {
+		return func(t *testing.T, lc *limitedConn, client net.Conn) {
+			if _, err := client.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, len(b))
+			for got := 0; got < len(b); {
+				n, err := lc.Read(buf[got:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				got += n
+			}
+		}
+	}
+	readNothing := func(t *testing.T, lc *limitedConn, _ net.Conn) {
+		if err := lc.SetReadDeadline(time.Unix(1, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := lc.Read(make([]byte, 8)); n != 0 || err == nil {
+			t.Fatalf("read past its deadline: %d bytes, %v", n, err)
+		}
+		if err := lc.SetReadDeadline(time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(st http.ConnState) func(*testing.T, *limitedConn, net.Conn) {
+		return func(_ *testing.T, lc *limitedConn, _ net.Conn) { connState(lc, st) }
+	}
+	handled := func(_ *testing.T, lc *limitedConn, _ net.Conn) {
+		var during connPhase
+		h := serving(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			lc.l.mu.Lock()
+			during = lc.phase
+			lc.l.mu.Unlock()
+		}))
+		r := httptest.NewRequest("GET", "/", nil)
+		h.ServeHTTP(httptest.NewRecorder(), r.WithContext(connContext(r.Context(), lc)))
+		if during != phaseServing {
+			t.Errorf("phase %d while the handler runs, want serving", during)
+		}
+	}
+	for _, tt := range []struct {
+		name  string
+		setup func(l *limitListener)
+		steps []step
+	}{
+		{"TLS gRPC: the first byte serves", func(l *limitListener) { l.firstByteServes = true }, []step{
+			{readNothing, phaseReading, 0},
+			{send([]byte{0x16}), phaseServing, 1},
+			{send([]byte{0x17}), phaseServing, 1},
+		}},
+		{"plaintext gRPC: the first HEADERS frame serves", func(l *limitListener) { l.sniffH2 = true }, []step{
+			{send(preface), phaseReading, 0},
+			{readNothing, phaseReading, 0},
+			{send(headers), phaseServing, 2},
+		}},
+		{"HTTP: bytes alone do not serve", func(*limitListener) {}, []step{
+			{send([]byte("GET / HTTP/1.1\r\n")), phaseReading, 0},
+			{state(http.StateIdle), phaseIdle, 1},
+			{state(http.StateIdle), phaseIdle, 1},
+			{state(http.StateActive), phaseReading, 3},
+			{state(http.StateActive), phaseReading, 3},
+			{handled, phaseServing, 5},
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Unix(1e9, 0)
+			now := start
+			l := newLimitListener(ln, 2, prometheus.NewCounter(prometheus.CounterOpts{Name: "l"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "e"}))
+			l.now = func() time.Time { return now }
+			tt.setup(l)
+			defer l.Close()
+			client, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer client.Close()
+			c, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			lc := c.(*limitedConn)
+			for i, st := range tt.steps {
+				now = start.Add(time.Duration(i) * time.Second)
+				st.do(t, lc, client)
+				l.mu.Lock()
+				phase, since := lc.phase, lc.since.Sub(start)
+				l.mu.Unlock()
+				if phase != st.phase || since != st.since*time.Second {
+					t.Errorf("step %d: phase %d since %v, want %d since %v", i, phase, since, st.phase, st.since*time.Second)
+				}
+			}
+		})
+	}
+}
+
+// TestGRPCMaxConnections: a cap set is kept; the default is half the
+// process's file-descriptor limit, between 64 and 65536, and 1024 when
+// the limit is unknown.
+func TestGRPCMaxConnections(t *testing.T) {
+	for _, tt := range []struct {
+		fds  uint64
+		want int
+	}{
+		{0, 1024}, {100, 64}, {128, 64}, {130, 65}, {2048, 1024}, {131070, 65535}, {131072, 65536}, {1 << 40, 65536},
+	} {
+		if got := connCapForFDs(tt.fds); got != tt.want {
+			t.Errorf("connCapForFDs(%d) = %d, want %d", tt.fds, got, tt.want)
+		}
+	}
+	if got := grpcMaxConnections(7); got != 7 {
+		t.Errorf("grpcMaxConnections(7) = %d, want 7", got)
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := grpcMaxConnections(0), connCapForFDs(lim.Cur); got != want {
+		t.Errorf("grpcMaxConnections(0) = %d, want %d (soft limit %d)", got, want, lim.Cur)
 	}
 }
