@@ -99,3 +99,36 @@ func TestRedisBackendTwoReplicas(t *testing.T) {
 		t.Errorf("leapgate_redis_up = %q, want 1", got)
 	}
 }
+
+// TestRedisFailureModeLocal: with REDIS_FAILURE_MODE=local a replica whose
+// Redis is down answers from its own in-memory windows: no call fails, and
+// the limit still holds there.
+func TestRedisFailureModeLocal(t *testing.T) {
+	r := redistest.Start(t)
+	ts := start(t, map[string]string{"rules.yaml": redisRules}, func(s *config.Settings) {
+		s.BackendType = config.BackendRedis
+		s.Redis.URL, s.Redis.Timeout = r.Addr(), 2*time.Second
+		s.Redis.FailureMode = config.RedisFailLocal
+	})
+	client := ts.rls(t)
+	if resp, err := client.ShouldRateLimit(context.Background(), request("shared", []string{"user", "erin"})); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("with Redis up: %v %v", resp, err)
+	}
+	r.Kill()
+	var ok, over int
+	for i := range 30 {
+		resp, err := client.ShouldRateLimit(context.Background(), request("shared", []string{"user", "frank"}))
+		if err != nil {
+			t.Fatalf("call %d with Redis down: %v", i, err)
+		}
+		switch resp.GetOverallCode() {
+		case rlsv3.RateLimitResponse_OK:
+			ok++
+		case rlsv3.RateLimitResponse_OVER_LIMIT:
+			over++
+		}
+	}
+	if ok != 25 || over != 5 {
+		t.Errorf("with Redis down, 30 calls: %d OK and %d OVER_LIMIT, want 25 and 5", ok, over)
+	}
+}
