@@ -126,6 +126,46 @@ func TestObservationStreamLimit(t *testing.T) {
 	fourth.CloseSend()
 }
 
+// At MAX_OBSERVATION_STREAMS_PER_PEER streams from one peer (every
+// loopback client is one), its next stream is refused though the server
+// has room; a stream it closes frees one place for it, not more.
+func TestObservationStreamsPerPeer(t *testing.T) {
+	ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.MaxObservationStreamsPerPeer = 2 })
+	cc := ts.conn(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(ctx context.Context) extprocv3.ExternalProcessor_ProcessClient {
+		t.Helper()
+		s, err := extprocv3.NewExternalProcessorClient(cc).Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	refused := func(want string) {
+		t.Helper()
+		// An admitted stream would wait for a message: give up after 5 s.
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := open(ctx).Recv(); status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("stream over the peer's bound: %v, want ResourceExhausted", err)
+		}
+		if got := metricValue(t, ts, "leapgate_observation_streams_refused_per_peer_total"); got != want {
+			t.Errorf("refused per peer = %s, want %s", got, want)
+		}
+	}
+	first := open(ctx)
+	open(ctx)
+	eventually(t, "two streams open", func() bool { return metricValue(t, ts, "leapgate_observation_streams") == "2" })
+	refused("1")
+	first.CloseSend()
+	first.Recv()
+	eventually(t, "one stream open", func() bool { return metricValue(t, ts, "leapgate_observation_streams") == "1" })
+	open(ctx)
+	eventually(t, "two streams open again", func() bool { return metricValue(t, ts, "leapgate_observation_streams") == "2" })
+	refused("2")
+}
+
 // A stream that sends nothing for OBSERVATION_STREAM_IDLE_TIMEOUT is
 // closed with DeadlineExceeded and frees its slot.
 func TestIdleObservationStreamIsClosed(t *testing.T) {
