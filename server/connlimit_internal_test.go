@@ -32,31 +32,17 @@ func TestLimitListenerEvicts(t *testing.T) {
 		{"serving never", []conn{{phaseServing, time.Hour}, {phaseServing, time.Hour}}, -1},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			now := time.Unix(1e9, 0)
-			l := newLimitListener(ln, len(tt.conns), prometheus.NewCounter(prometheus.CounterOpts{Name: "l"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "e"}))
-			l.now = func() time.Time { return now }
-			defer l.Close()
+			l := testLimitListener(t, len(tt.conns), &now)
 			var server []*limitedConn
 			for range tt.conns {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				s, err := l.Accept()
-				if err != nil {
-					t.Fatal(err)
-				}
-				server = append(server, s.(*limitedConn))
+				_, s := connect(t, l)
+				server = append(server, s)
 			}
 			for i, c := range tt.conns {
 				server[i].phase, server[i].since = c.phase, now.Add(-c.age)
 			}
-			extra, err := net.Dial("tcp", ln.Addr().String())
+			extra, err := net.Dial("tcp", l.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,27 +154,11 @@ func TestLimitedConnPhases(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			start := time.Unix(1e9, 0)
 			now := start
-			l := newLimitListener(ln, 2, prometheus.NewCounter(prometheus.CounterOpts{Name: "l"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "e"}))
-			l.now = func() time.Time { return now }
+			l := testLimitListener(t, 2, &now)
 			tt.setup(l)
-			defer l.Close()
-			client, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer client.Close()
-			c, err := l.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			lc := c.(*limitedConn)
+			client, lc := connect(t, l)
 			for i, st := range tt.steps {
 				now = start.Add(time.Duration(i) * time.Second)
 				st.do(t, lc, client)
@@ -227,4 +197,35 @@ func TestGRPCMaxConnections(t *testing.T) {
 	if got, want := grpcMaxConnections(0), connCapForFDs(lim.Cur); got != want {
 		t.Errorf("grpcMaxConnections(0) = %d, want %d (soft limit %d)", got, want, lim.Cur)
 	}
+}
+
+// testLimitListener is a limitListener of max connections on a loopback
+// port, on the clock *now, closed when t ends.
+func testLimitListener(t *testing.T, max int, now *time.Time) *limitListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimitListener(ln, max, prometheus.NewCounter(prometheus.CounterOpts{Name: "l"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "e"}))
+	l.now = func() time.Time { return *now }
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// connect dials l and accepts the connection: the client's end and the
+// listener's, both closed when t ends.
+func connect(t *testing.T, l *limitListener) (net.Conn, *limitedConn) {
+	t.Helper()
+	client, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return client, c.(*limitedConn)
 }
