@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -408,23 +407,5 @@ func TestUpstreamModeSettings(t *testing.T) {
 	refusal := over(start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.RefusalHeaders = true }))
 	if h := headers(refusal); h["x-ratelimit-reason"] != "rate-limited" || h["Retry-After"] == "" {
 		t.Errorf("REFUSAL_HEADERS: headers %v, want x-ratelimit-reason and Retry-After", h)
-	}
-}
-
-// TestDebugRLQS: the debug listener lists the RLQS allocations (JSON)
-// while RLQS is served, and has no /rlqs with RLQS_ENABLED=false.
-func TestDebugRLQS(t *testing.T) {
-	for _, enabled := range []bool{true, false} {
-		t.Run(fmt.Sprint("RLQS_ENABLED=", enabled), func(t *testing.T) {
-			ts := start(t, map[string]string{"rules.yaml": limitRules}, func(s *config.Settings) { s.RLQSEnabled = enabled })
-			code, body := get(t, ts.debugURL("/rlqs"))
-			want := http.StatusNotFound
-			if enabled {
-				want = http.StatusOK
-			}
-			if code != want || enabled && !json.Valid([]byte(body)) {
-				t.Errorf("GET /rlqs: %d %q, want %d (with JSON when served)", code, body, want)
-			}
-		})
 	}
 }

@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"testing"
 	"time"
 
@@ -16,8 +18,9 @@ import (
 )
 
 // TestRLQSServed: with RLQS_ENABLED (the default) the gRPC port answers a
-// filter's first usage report with an action for its bucket; with
-// RLQS_ENABLED=false the service is not there (Unimplemented).
+// filter's first usage report with an action for its bucket and the debug
+// listener lists the allocations (JSON); with RLQS_ENABLED=false neither
+// is there (Unimplemented, 404).
 func TestRLQSServed(t *testing.T) {
 	bucket := map[string]string{"user": "alice"}
 	for _, enabled := range []bool{true, false} {
@@ -45,6 +48,14 @@ func TestRLQSServed(t *testing.T) {
 				t.Fatalf("first report: %v", err)
 			case len(resp.GetBucketAction()) != 1 || !maps.Equal(resp.GetBucketAction()[0].GetBucketId().GetBucket(), bucket):
 				t.Errorf("first report answered with %v, want one action for %v", resp, bucket)
+			}
+			code, body := get(t, ts.debugURL("/rlqs"))
+			want := http.StatusNotFound
+			if enabled {
+				want = http.StatusOK
+			}
+			if code != want || enabled && !json.Valid([]byte(body)) {
+				t.Errorf("GET /rlqs on the debug listener: %d %q, want %d (with JSON when served)", code, body, want)
 			}
 		})
 	}

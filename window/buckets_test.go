@@ -562,7 +562,6 @@ func TestBucketCounterRefundReachesTheOldestBucket(t *testing.T) {
 func TestBucketCounterLateWriter(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10) // buckets of 100 ms
 	const e = 50                         // the writer's bucket
-	at := func(epoch int64) time.Duration { return time.Duration(epoch) * 100 * time.Millisecond }
 	for _, tt := range []struct {
 		name   string
 		behind int64 // buckets the newest moved on meanwhile
@@ -574,11 +573,11 @@ func TestBucketCounterLateWriter(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewBucketCounter(spec)
-			c.CountAt(at(e)) // the writer's bucket is the newest
-			c.total.Add(3)   // it counts its hits
-			c.CountAt(at(e + tt.behind))
+			c.CountAt(bucketStart(e)) // the writer's bucket is the newest
+			c.total.Add(3)            // it counts its hits
+			c.CountAt(bucketStart(e + tt.behind))
 			c.record(e, 3) // and records them late
-			if got := c.CountAt(at(e + tt.behind)); got != tt.want {
+			if got := c.CountAt(bucketStart(e + tt.behind)); got != tt.want {
 				t.Errorf("count %d, want %d", got, tt.want)
 			}
 		})
@@ -593,10 +592,9 @@ func TestBucketCounterLateWriter(t *testing.T) {
 // there cannot be timed.
 func TestBucketCounterWriterAheadOfDrain(t *testing.T) {
 	spec := mustSpec(t, time.Second, 10) // buckets of 100 ms
-	at := func(epoch int64) time.Duration { return time.Duration(epoch) * 100 * time.Millisecond }
 	c := NewBucketCounter(spec)
 	const old = 50
-	if r := c.AllowAt(at(old), 3, 100); !r.Allowed || r.Bucket != old {
+	if r := c.AllowAt(bucketStart(old), 3, 100); !r.Allowed || r.Bucket != old {
 		t.Fatalf("3 hits at bucket %d: %+v", old, r)
 	}
 	next := old + c.ring() // the same slot, a ring later
@@ -604,7 +602,11 @@ func TestBucketCounterWriterAheadOfDrain(t *testing.T) {
 	c.total.Add(2)         // a second writer counts its hits
 	c.record(next, 2)      // and records them before the drain reaches the slot
 	c.drain(old, next)     // the first writer's drain
-	if got := c.CountAt(at(next)); got != 2 {
+	if got := c.CountAt(bucketStart(next)); got != 2 {
 		t.Errorf("count %d, want 2: the writer's hits, none of the bucket a ring earlier", got)
 	}
 }
+
+// bucketStart is the start of bucket epoch for the 100 ms buckets (a 1 s
+// window of 10) of the step-by-step race tests.
+func bucketStart(epoch int64) time.Duration { return time.Duration(epoch) * 100 * time.Millisecond }
